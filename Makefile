@@ -1,0 +1,70 @@
+# ddp-cluster: `make help` lists every target.
+SHELL = /usr/bin/env bash -o pipefail
+.SHELLFLAGS = -ec
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+NPROC ?= 2
+PY := $(VENV)/bin/python
+
+# Targets the areas' own files (mk/*.mk) add for `make test`, e.g. the engine and the images.
+TEST_PREREQS := host-deps
+# Test suites run after the main pytest run, e.g. the torchvision suite in its own venv.
+EXTRA_TESTS :=
+
+##@ General
+
+.PHONY: help
+help: ## Show every target with one line.
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target> [VAR=value]\n"} \
+	  /^[a-zA-Z0-9_.-]+:.*?##/ { printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2 } \
+	  /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+
+##@ Development
+
+$(VENV)/.stamp: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e '.[dev,deploy]'
+	touch $@
+
+.PHONY: venv
+venv: $(VENV)/.stamp ## Create the Python environment in .venv (torch CPU, test and lint tools).
+
+.PHONY: host-deps
+host-deps: ## Install the host packages the tests use (OpenMPI) on Debian/Ubuntu if missing.
+	@if command -v mpirun >/dev/null; then exit 0; fi; \
+	if command -v apt-get >/dev/null; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    openmpi-bin libopenmpi-dev >/dev/null; \
+	else echo "error: mpirun not found: install OpenMPI (openmpi-bin) with your package manager" >&2; exit 1; fi
+
+.PHONY: demo
+demo: venv ## Run the health check and a 2-process check on local processes (no containers).
+	$(PY) -m app check
+	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m app check
+
+.PHONY: lint
+lint: venv ## Lint: ruff, yamllint, ansible-lint, hadolint (each where it applies).
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check app tests
+	@if ls *.yaml *.yml ansible >/dev/null 2>&1; then $(VENV)/bin/yamllint -s .; fi
+	@if [ -f ansible/deploy.yml ]; then cd ansible && ../$(VENV)/bin/ansible-lint; fi
+	@if [ -f docker/Dockerfile ]; then $(VENV)/bin/hadolint docker/Dockerfile; fi
+
+-include $(wildcard mk/*.mk)
+
+##@ Tests
+
+.PHONY: test-unit
+test-unit: venv ## Unit tests only (seconds).
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+.PHONY: test
+test: venv $(TEST_PREREQS) ## All tests: unit, real multi-process, containers, Ansible (sets up what it needs).
+	$(PY) -m pytest $(PYTEST_ARGS)
+	@for target in $(EXTRA_TESTS); do $(MAKE) --no-print-directory $$target; done

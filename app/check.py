@@ -1,0 +1,346 @@
+"""Cluster health check: run every collective once, verify exact values on every rank.
+
+    python -m app check                                     # one process
+    torchrun --nproc-per-node 4 -m app check                # one node, 4 ranks
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
+        --rdzv-endpoint node0:29500 -m app check --json check.json
+    mpirun -np 4 -H a:2,b:2 -x MASTER_ADDR=a -x MASTER_PORT=29500 python -m app check
+    srun -N 2 --ntasks-per-node 8 python -m app check
+
+Each rank writes its own value into its own slot, so a wrong slot names the rank that sent it:
+point-to-point from rank 0 to every rank and around a ring, broadcast, all_reduce (SUM, MAX),
+all_gather, reduce_scatter and barrier. Rank 0 prints a table (or --json) and the exit status is
+non-zero naming the failing operation and rank. A collective that hangs fails after --timeout.
+"""
+
+import argparse
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from app import launcher
+from app.atomic import atomic_write_text
+from app.distributed import DistContext, add_dist_arguments, dist_config_from_args, process_group
+from app.errors import ClusterError, UsageError
+
+FAULT_OFFSET = 1000.0
+"""Added by --inject-fault to the value a rank sends, so the check must catch it."""
+
+
+@dataclass(frozen=True)
+class CheckConfig:
+    """What the check sends."""
+
+    numel: int = 4096
+    """Elements per rank in each collective."""
+    faults: tuple[tuple[str, int], ...] = ()
+    """(operation, rank) pairs: that rank sends a wrong value in that operation (to test the check)."""
+
+    def __post_init__(self) -> None:
+        if self.numel < 1:
+            raise UsageError(f"--numel {self.numel} must be >= 1")
+        for op, _ in self.faults:
+            if op not in VALUE_OPERATIONS:
+                raise UsageError(f"--inject-fault {op!r}: the operation must be one of {', '.join(VALUE_OPERATIONS)}")
+
+
+@dataclass
+class OpResult:
+    """One operation as seen by one rank (or merged over all ranks)."""
+
+    name: str
+    ok: bool = True
+    ran: bool = True
+    time_ms: float = 0.0
+    failed_ranks: list[int] = field(default_factory=list)
+    detail: str = ""
+
+
+class _Probe:
+    """Values and verification shared by the operations of one rank."""
+
+    def __init__(self, ctx: DistContext, cfg: CheckConfig, op: str) -> None:
+        self.rank, self.world, self.device = ctx.proc.rank, ctx.proc.world_size, ctx.device
+        self.width = max(1, cfg.numel // self.world)
+        self.faulty = (op, self.rank) in cfg.faults
+        self.bad: dict[int, str] = {}
+
+    def value(self, v: float) -> float:
+        """What this rank sends: ``v``, or a wrong value when it is the injected fault."""
+        return v + FAULT_OFFSET if self.faulty else v
+
+    def full(self, shape: tuple[int, ...], v: float) -> torch.Tensor:
+        return torch.full(shape, v, dtype=torch.float32, device=self.device)
+
+    def expect(self, got: torch.Tensor, expected: float, sender: int) -> None:
+        """Record ``sender`` as failed when ``got`` is not exactly ``expected`` everywhere."""
+        wrong = got != expected
+        if bool(wrong.any()) and sender not in self.bad:
+            seen = got[wrong].flatten()[0].item()
+            self.bad[sender] = f"wrong value from rank {sender}: got {seen:g}, expected {expected:g}"
+
+
+def _send_recv_from_0(p: _Probe) -> None:
+    if p.rank == 0:
+        for dst in range(1, p.world):
+            dist.send(p.full((p.width,), p.value(dst + 1.0)), dst=dst)
+    else:
+        buf = p.full((p.width,), 0.0)
+        dist.recv(buf, src=0)
+        p.expect(buf, p.rank + 1.0, sender=0)
+
+
+def _ring_send_recv(p: _Probe) -> None:
+    if p.world == 1:
+        return
+    right, left = (p.rank + 1) % p.world, (p.rank - 1) % p.world
+    buf = p.full((p.width,), 0.0)
+    ops = [dist.P2POp(dist.isend, p.full((p.width,), p.value(p.rank + 1.0)), right), dist.P2POp(dist.irecv, buf, left)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    p.expect(buf, left + 1.0, sender=left)
+
+
+def _broadcast(p: _Probe, src: int) -> None:
+    buf = p.full((p.width,), p.value(src + 1.0) if p.rank == src else 0.0)
+    dist.broadcast(buf, src=src)
+    p.expect(buf, src + 1.0, sender=src)
+
+
+def _slots(p: _Probe, mine: float, others: float) -> torch.Tensor:
+    """One row per rank: this rank's row holds ``mine``, the others ``others``."""
+    rows = p.full((p.world, p.width), others)
+    rows[p.rank] = p.value(mine)
+    return rows
+
+
+def _all_reduce(p: _Probe, op: dist.ReduceOp, others: float) -> None:
+    rows = _slots(p, p.rank + 1.0, others)
+    dist.all_reduce(rows, op=op)
+    for sender in range(p.world):
+        p.expect(rows[sender], sender + 1.0, sender)
+
+
+def _all_gather(p: _Probe) -> None:
+    out = [p.full((p.width,), 0.0) for _ in range(p.world)]
+    dist.all_gather(out, p.full((p.width,), p.value(p.rank + 1.0)))
+    for sender, got in enumerate(out):
+        p.expect(got, sender + 1.0, sender)
+
+
+def _reduce_scatter(p: _Probe) -> None:
+    # Chunk i goes to rank i; in it, row r is rank r's alone: 100 * i + r + 1.
+    chunks = []
+    for dest in range(p.world):
+        chunk = p.full((p.world, p.width), 0.0)
+        chunk[p.rank] = p.value(100.0 * dest + p.rank + 1.0)
+        chunks.append(chunk)
+    out = p.full((p.world, p.width), -1.0)
+    dist.reduce_scatter(out, chunks)
+    for sender in range(p.world):
+        p.expect(out[sender], 100.0 * p.rank + sender + 1.0, sender)
+
+
+OPERATIONS: dict[str, Callable[[_Probe], None]] = {
+    "send_recv_from_0": _send_recv_from_0,
+    "ring_send_recv": _ring_send_recv,
+    "broadcast_from_0": lambda p: _broadcast(p, 0),
+    "broadcast_from_last": lambda p: _broadcast(p, p.world - 1),
+    "all_reduce_sum": lambda p: _all_reduce(p, dist.ReduceOp.SUM, 0.0),
+    "all_reduce_max": lambda p: _all_reduce(p, dist.ReduceOp.MAX, -1.0),
+    "all_gather": _all_gather,
+    "reduce_scatter": _reduce_scatter,
+    "barrier": lambda p: dist.barrier(),
+}
+VALUE_OPERATIONS = tuple(name for name in OPERATIONS if name != "barrier")
+"""The operations that carry values, so a fault can be injected into them."""
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _run_one(ctx: DistContext, cfg: CheckConfig, name: str) -> OpResult:
+    probe = _Probe(ctx, cfg, name)
+    start = time.perf_counter()
+    OPERATIONS[name](probe)
+    _synchronize(ctx.device)
+    elapsed = (time.perf_counter() - start) * 1000
+    detail = "; ".join(probe.bad[r] for r in sorted(probe.bad))
+    return OpResult(name, ok=not probe.bad, time_ms=elapsed, failed_ranks=sorted(probe.bad), detail=detail)
+
+
+def run_operations(ctx: DistContext, cfg: CheckConfig) -> list[OpResult]:
+    """Run every operation on this rank; stop at the first one that raises (timeout, lost peer)."""
+    results = []
+    for name in OPERATIONS:
+        try:
+            results.append(_run_one(ctx, cfg, name))
+        except (RuntimeError, ValueError) as error:  # gloo/NCCL errors and timeouts
+            results.append(OpResult(name, False, failed_ranks=[ctx.proc.rank], detail=_reason(error)))
+            done = {r.name for r in results}
+            results += [OpResult(n, False, ran=False, detail="not run") for n in OPERATIONS if n not in done]
+            break
+    return results
+
+
+def _reason(error: Exception) -> str:
+    """The first line of a backend error, without gloo's source-file prefix."""
+    text = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return re.sub(r"^\[[^\]]*\]\s*", "", text)
+
+
+def merge(per_rank: list[list[OpResult]]) -> list[OpResult]:
+    """One result per operation: ok only if ok everywhere, with every failed rank named."""
+    merged = []
+    for i, name in enumerate(OPERATIONS):
+        views = [rank_results[i] for rank_results in per_rank]
+        failed = sorted({r for v in views for r in v.failed_ranks})
+        details = [v.detail for v in views if v.detail and v.ran]
+        seen = sum(not v.ok for v in views)
+        detail = details[0] if details else ("not run" if not all(v.ran for v in views) else "")
+        if seen > 1 and details:
+            detail += f" (seen on {seen} of {len(views)} ranks)"
+        merged.append(
+            OpResult(
+                name,
+                ok=all(v.ok for v in views),
+                ran=all(v.ran for v in views),
+                time_ms=max(v.time_ms for v in views),
+                failed_ranks=failed,
+                detail=detail,
+            )
+        )
+    return merged
+
+
+def _rank_info(ctx: DistContext) -> dict:
+    p = ctx.proc
+    return {
+        "rank": p.rank,
+        "local_rank": p.local_rank,
+        "node_rank": p.node_rank,
+        "host": launcher.hostname(),
+        "device": str(ctx.device),
+        "backend": ctx.backend,
+    }
+
+
+def _gather(ctx: DistContext, local: dict) -> list[dict] | None:
+    """Every rank's report, or None when the group is too broken to gather."""
+    if any(not r.ok and not r.failed_ranks for r in local["operations"]):
+        return None  # this rank's group is broken; gathering would only hang until the timeout
+    out: list = [None] * ctx.proc.world_size
+    try:
+        dist.all_gather_object(out, local)
+    except (RuntimeError, ValueError):
+        return None
+    return out
+
+
+def build_report(ctx: DistContext, cfg: CheckConfig) -> dict:
+    """Run the check on this rank and return the whole cluster's report (or this rank's view)."""
+    local = {**_rank_info(ctx), "operations": run_operations(ctx, cfg)}
+    gathered = _gather(ctx, local)
+    reports = gathered if gathered is not None else [local]
+    operations = merge([r["operations"] for r in reports])
+    failures = [
+        {"operation": op.name, "ranks": op.failed_ranks, "detail": op.detail}
+        for op in operations
+        if not op.ok and op.ran
+    ]
+    return {
+        "ok": not failures and gathered is not None,
+        "complete": gathered is not None,
+        "world_size": ctx.proc.world_size,
+        "nodes": len({r["host"] for r in reports}),
+        "backend": ctx.backend,
+        "launcher": ctx.proc.launcher.value,
+        "numel": cfg.numel,
+        "ranks": [{k: v for k, v in r.items() if k != "operations"} for r in reports],
+        "operations": [asdict(op) for op in operations],
+        "failures": failures,
+    }
+
+
+def format_table(report: dict) -> str:
+    """The human-readable report that rank 0 prints."""
+    lines = [
+        f"ddp-cluster check: {report['world_size']} ranks on {report['nodes']} host(s), "
+        f"backend {report['backend']}, launcher {report['launcher']}",
+        "",
+        f"{'rank':>4}  {'node':>4}  {'local':>5}  {'host':<24}  device",
+    ]
+    lines += [
+        f"{r['rank']:>4}  {r['node_rank']:>4}  {r['local_rank']:>5}  {r['host']:<24}  {r['device']}"
+        for r in report["ranks"]
+    ]
+    if not report["complete"]:
+        lines.append("(only rank 0's view: the other ranks could not report)")
+    lines += ["", f"{'operation':<20}  {'result':<7}  {'max ms':>8}  detail"]
+    lines += [
+        f"{op['name']:<20}  {_status(op):<7}  {op['time_ms']:>8.2f}  {op['detail']}" for op in report["operations"]
+    ]
+    lines += ["", f"result: {'ok' if report['ok'] else 'FAILED: ' + summary(report)}"]
+    return "\n".join(lines)
+
+
+def _status(op: dict) -> str:
+    return "ok" if op["ok"] else ("FAILED" if op["ran"] else "not run")
+
+
+def summary(report: dict) -> str:
+    """One line naming each failing operation and rank."""
+    parts = []
+    for failure in report["failures"]:
+        ranks = ", ".join(map(str, failure["ranks"]))
+        parts.append(f"{failure['operation']} on rank {ranks}: {failure['detail']}")
+    return "; ".join(parts) or "not every rank could report"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``python -m app check``."""
+    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH ('-' for stdout)")
+    parser.add_argument("--numel", type=int, default=4096, help="elements per rank in each collective (default 4096)")
+    parser.add_argument(
+        "--inject-fault",
+        metavar="OP@RANK",
+        action="append",
+        default=[],
+        help="make RANK send a wrong value in OP, to prove the check catches it (repeatable)",
+    )
+    add_dist_arguments(parser)
+
+
+def _parse_fault(text: str) -> tuple[str, int]:
+    op, sep, rank = text.partition("@")
+    if not sep or not rank.isdigit():
+        raise UsageError(f"--inject-fault {text!r} must look like all_reduce_sum@1")
+    return op, int(rank)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the check on this rank; rank 0 reports. Exit 0 only when every operation verified."""
+    cfg = CheckConfig(numel=args.numel, faults=tuple(map(_parse_fault, args.inject_fault)))
+    dist_cfg = dist_config_from_args(args)
+    proc = launcher.detect(need_master=dist_cfg.init_method is None)
+    with process_group(proc, dist_cfg) as ctx:
+        report = build_report(ctx, cfg)
+    if proc.is_main:
+        if args.json == "-":
+            json.dump(report, sys.stdout, indent=2)
+            print()
+        else:
+            print(format_table(report), flush=True)
+            if args.json:
+                atomic_write_text(args.json, json.dumps(report, indent=2) + "\n")
+        if not report["ok"]:
+            raise ClusterError(f"check failed: {summary(report)}")
+    return 0 if report["ok"] else 1

@@ -1,0 +1,71 @@
+"""``python -m app <command>``: parse, run, and turn errors into one line and an exit status.
+
+python -m app --help
+python -m app check --help
+"""
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from app.errors import ClusterError, UsageError
+
+# name -> (module, one-line summary). Modules load only when their command runs, so commands that
+# need no torch (topology, deploy) start fast on machines without it.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "check": ("app.check", "cluster health check: every collective, verified values, a table or JSON"),
+    "topology": ("app.topology", "render hostfile, env file and launcher arguments for a set of hosts"),
+    "train": ("app.train", "train a model with DDP: digits/MNIST/CIFAR-10, checkpoints, --resume auto"),
+    "bench": ("app.bench", "samples/s of app train vs a plain tutorial DDP loop, and the ratio"),
+}
+
+
+def _top_help() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items()]
+    return "\n".join(
+        [
+            "usage: python -m app <command> [options]",
+            "",
+            "commands:",
+            *lines,
+            "",
+            "Run 'python -m app <command> --help' for a command's options and launch examples.",
+        ]
+    )
+
+
+def build_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
+    """The parser and module of one command."""
+    module = importlib.import_module(COMMANDS[name][0])
+    parser = argparse.ArgumentParser(
+        prog=f"python -m app {name}",
+        description=COMMANDS[name][1],
+        epilog=module.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    module.add_arguments(parser)
+    return parser, module
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command and return its exit status (2: bad input, 1: the cluster failed)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_top_help())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"error: unknown command {name!r}: choose one of {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    parser, module = build_parser(name)
+    args = parser.parse_args(rest)
+    try:
+        return int(module.run(args))
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except ClusterError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1

@@ -1,0 +1,148 @@
+"""Process-group set-up and teardown for every launcher, with a timeout on everything.
+
+    with process_group(detect(), DistConfig(backend="auto")) as ctx:
+        ...  # ctx.device is cuda:LOCAL_RANK under nccl, cpu under gloo
+
+Backend ``auto`` is nccl when CUDA is available and this local rank has a GPU, else gloo. The
+rendezvous is torchrun's own store under torchrun, a ``file://`` path when ``--init-method`` gives
+one, otherwise a TCP store on MASTER_ADDR:MASTER_PORT that rank 0 serves.
+"""
+
+import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from app import launcher
+from app.errors import ClusterError, UsageError
+from app.launcher import ProcessInfo
+
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+@dataclass(frozen=True)
+class DistConfig:
+    """How to join the process group."""
+
+    backend: str = "auto"
+    """auto (nccl with a GPU for this local rank, else gloo), gloo or nccl."""
+    timeout_s: float = 120.0
+    """Seconds before a rendezvous or a collective that does not complete becomes an error."""
+    ifname: str | None = None
+    """Network interface for gloo and NCCL (sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME)."""
+    init_method: str | None = None
+    """A ``file://`` rendezvous shared by all ranks, instead of MASTER_ADDR:MASTER_PORT."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise UsageError(f"--backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
+        if self.timeout_s <= 0:
+            raise UsageError(f"--timeout {self.timeout_s} must be a positive number of seconds")
+        if self.init_method is not None and not self.init_method.startswith(("file://", "tcp://", "env://")):
+            raise UsageError(f"--init-method {self.init_method!r} must start with file://, tcp:// or env://")
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """A joined process group: who we are, which backend, which device our tensors live on."""
+
+    proc: ProcessInfo
+    backend: str
+    device: torch.device
+
+
+def resolve_backend(requested: str, local_rank: int, cuda_available: bool, gpu_count: int) -> str:
+    """Pick the backend; nccl without a GPU for this local rank is a usage error."""
+    has_gpu = cuda_available and local_rank < gpu_count
+    if requested == "auto":
+        return "nccl" if has_gpu else "gloo"
+    if requested == "nccl" and not has_gpu:
+        seen = f"{gpu_count} GPU(s) visible" if cuda_available else "CUDA is not available"
+        raise UsageError(f"--backend nccl needs a GPU for local rank {local_rank} but {seen}: use --backend gloo")
+    return requested
+
+
+def add_dist_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add --backend, --timeout, --ifname and --init-method to a command's parser."""
+    group = parser.add_argument_group("process group")
+    group.add_argument("--backend", default="auto", choices=BACKENDS, help="communication backend (default: auto)")
+    group.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="seconds before a stuck rendezvous or collective fails (default: 120)",
+    )
+    group.add_argument("--ifname", default=None, help="network interface for gloo/NCCL, e.g. eth0")
+    group.add_argument(
+        "--init-method",
+        default=None,
+        metavar="URL",
+        help="file:///shared/path rendezvous instead of MASTER_ADDR:MASTER_PORT",
+    )
+
+
+def dist_config_from_args(args: argparse.Namespace) -> DistConfig:
+    """The DistConfig that add_dist_arguments' flags describe."""
+    return DistConfig(backend=args.backend, timeout_s=args.timeout, ifname=args.ifname, init_method=args.init_method)
+
+
+def _store(proc: ProcessInfo, timeout: timedelta) -> dist.Store:
+    if proc.world_size == 1:
+        return dist.HashStore()
+    try:
+        return dist.TCPStore(
+            proc.master_addr,
+            proc.master_port,
+            proc.world_size,
+            is_master=proc.is_main,
+            timeout=timeout,
+            wait_for_workers=False,
+        )
+    except (RuntimeError, OSError) as error:
+        role = "serve" if proc.is_main else "reach"
+        raise ClusterError(
+            f"rank {proc.rank} could not {role} the rendezvous at {proc.master_addr}:{proc.master_port} "
+            f"({str(error).splitlines()[0]}): check MASTER_ADDR/MASTER_PORT and that the port is free"
+        ) from None
+
+
+def _init(proc: ProcessInfo, cfg: DistConfig, backend: str, device: torch.device) -> None:
+    timeout = timedelta(seconds=cfg.timeout_s)
+    kwargs: dict = {"backend": backend, "timeout": timeout, "rank": proc.rank, "world_size": proc.world_size}
+    if device.type == "cuda":
+        kwargs["device_id"] = device
+    if cfg.init_method:
+        kwargs["init_method"] = cfg.init_method
+    elif launcher.uses_torchrun_store(proc):
+        kwargs["init_method"] = "env://"
+    else:
+        kwargs["store"] = _store(proc, timeout)
+    try:
+        dist.init_process_group(**kwargs)
+    except (RuntimeError, ValueError) as error:
+        raise ClusterError(
+            f"rank {proc.rank} could not join the {proc.world_size}-process group within {cfg.timeout_s:g}s "
+            f"({str(error).splitlines()[0]}): check that every rank started and can reach the others"
+        ) from None
+
+
+@contextmanager
+def process_group(proc: ProcessInfo, cfg: DistConfig) -> Iterator[DistContext]:
+    """Join the process group for the duration of the block; always destroy it afterwards."""
+    if cfg.ifname:
+        launcher.export_socket_ifname(cfg.ifname)
+    backend = resolve_backend(cfg.backend, proc.local_rank, torch.cuda.is_available(), torch.cuda.device_count())
+    device = torch.device("cuda", proc.local_rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    try:
+        _init(proc, cfg, backend, device)
+        yield DistContext(proc=proc, backend=backend, device=device)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

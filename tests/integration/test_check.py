@@ -1,0 +1,138 @@
+"""`app check` under real launchers: single process, torchrun, mpirun and a Slurm-style launch."""
+
+import json
+import subprocess
+
+import pytest
+
+from app.check import VALUE_OPERATIONS
+from tests.integration.launchers import PYTHON, _clean_env, run_mpirun, run_single, run_slurm_style, run_torchrun
+
+pytestmark = pytest.mark.integration
+
+
+def _report(path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _assert_healthy(report: dict, world: int, launcher: str) -> None:
+    assert report["ok"] and report["complete"], report["failures"]
+    assert report["world_size"] == world and report["launcher"] == launcher and report["backend"] == "gloo"
+    assert sorted(r["rank"] for r in report["ranks"]) == list(range(world))
+    assert [op["name"] for op in report["operations"] if op["ok"]] == [op["name"] for op in report["operations"]]
+    assert len(report["operations"]) == 9
+
+
+def test_single_process(tmp_path) -> None:
+    done = run_single(["check", "--json", str(tmp_path / "c.json")])
+    assert done.returncode == 0, done.stderr
+    _assert_healthy(_report(tmp_path / "c.json"), 1, "single")
+    assert "result: ok" in done.stdout
+
+
+@pytest.mark.parametrize("nproc", [1, 2, 4])
+def test_torchrun(tmp_path, nproc: int) -> None:
+    done = run_torchrun(nproc, ["check", "--json", str(tmp_path / "c.json")])
+    assert done.returncode == 0, done.stderr[-2000:]
+    _assert_healthy(_report(tmp_path / "c.json"), nproc, "torchrun")
+    assert done.stdout.count("ddp-cluster check:") == 1  # rank 0 alone prints
+
+
+@pytest.mark.parametrize("nproc", [1, 2, 4])
+def test_mpirun(tmp_path, nproc: int) -> None:
+    done = run_mpirun(nproc, ["check", "--json", str(tmp_path / "c.json")], tmp_path / "rdzv")
+    assert done.returncode == 0, done.stderr[-2000:]
+    _assert_healthy(_report(tmp_path / "c.json"), nproc, "openmpi")
+
+
+def test_slurm_style_environment(tmp_path) -> None:
+    results = run_slurm_style(2, ["check", "--json", str(tmp_path / "c.json")], tmp_path / "rdzv")
+    assert [r.returncode for r in results] == [0, 0], [r.stderr[-1000:] for r in results]
+    _assert_healthy(_report(tmp_path / "c.json"), 2, "slurm")
+
+
+def test_every_wrong_value_names_its_operation_and_rank(tmp_path) -> None:
+    # One faulty rank per operation; a broadcast or send from rank 0 (or the last rank) can only go
+    # wrong there, the others spread over ranks 1-3.
+    senders = {"send_recv_from_0": 0, "broadcast_from_0": 0, "broadcast_from_last": 3}
+    faults = {op: senders.get(op, 1 + i % 3) for i, op in enumerate(VALUE_OPERATIONS)}
+    flags = [arg for op, rank in faults.items() for arg in ("--inject-fault", f"{op}@{rank}")]
+    done = run_mpirun(4, ["check", "--json", str(tmp_path / "c.json"), *flags], tmp_path / "rdzv")
+    assert done.returncode == 1
+    report = _report(tmp_path / "c.json")
+    assert not report["ok"] and report["complete"]
+    assert {f["operation"]: f["ranks"] for f in report["failures"]} == {op: [r] for op, r in faults.items()}
+    for failure in report["failures"]:
+        assert f"wrong value from rank {failure['ranks'][0]}" in failure["detail"]
+    assert "error: check failed: send_recv_from_0 on rank 0" in done.stderr
+    assert [op["name"] for op in report["operations"] if op["ok"]] == ["barrier"]
+
+
+def test_torchrun_fault_on_two_ranks(tmp_path) -> None:
+    done = run_torchrun(2, ["check", "--json", str(tmp_path / "c.json"), "--inject-fault", "all_reduce_sum@1"])
+    assert done.returncode != 0
+    report = _report(tmp_path / "c.json")
+    assert [(f["operation"], f["ranks"]) for f in report["failures"]] == [("all_reduce_sum", [1])]
+    assert "all_reduce_sum on rank 1: wrong value from rank 1: got 1002, expected 2" in done.stderr
+
+
+HANGING_RANK = """
+import datetime, sys, time
+import torch.distributed as dist
+dist.init_process_group("gloo", init_method=sys.argv[1], rank=1, world_size=2,
+                        timeout=datetime.timedelta(seconds=60))
+time.sleep(60)
+"""
+
+
+def test_a_rank_that_hangs_becomes_an_error_after_the_timeout(tmp_path) -> None:
+    rdzv = f"file://{tmp_path / 'rdzv'}"
+    silent = subprocess.Popen([PYTHON, "-c", HANGING_RANK, rdzv], env=_clean_env())
+    try:
+        done = subprocess.run(
+            [PYTHON, "-m", "app", "check", "--timeout", "3", "--init-method", rdzv, "--json", str(tmp_path / "c.json")],
+            env=_clean_env({"RANK": "0", "WORLD_SIZE": "2"}),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        silent.kill()
+    assert done.returncode == 1
+    report = _report(tmp_path / "c.json")
+    assert report["failures"][0]["operation"] == "send_recv_from_0"
+    assert "Timed out" in report["failures"][0]["detail"]
+    assert not report["complete"]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (
+            ["check"],
+            {"RANK": "3", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"},
+            "rank 3 must be in [0, world size 2)",
+        ),
+        (["check"], {"WORLD_SIZE": "2"}, "WORLD_SIZE is set but RANK is not"),
+        (["check", "--backend", "nccl"], {}, "--backend nccl needs a GPU"),
+        (["check", "--inject-fault", "barrier@0"], {}, "--inject-fault 'barrier'"),
+        (["check", "--init-method", "/tmp/x"], {}, "must start with file://"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], env: dict, message: str) -> None:
+    done = run_single(args, timeout=60, env=env)
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1
+    assert message in done.stderr
+
+
+def test_unreachable_master_fails_within_the_timeout() -> None:
+    # Port 9 on loopback (discard) has no listener here: the rendezvous must give up, not hang.
+    done = run_single(
+        ["check", "--timeout", "3"],
+        timeout=90,
+        env={"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "9"},
+    )
+    assert done.returncode == 1
+    assert "could not reach the rendezvous at 127.0.0.1:9" in done.stderr

@@ -1,0 +1,147 @@
+"""Launcher detection from each launcher's environment, good and bad."""
+
+import pytest
+
+from app.errors import UsageError
+from app.launcher import Launcher, ProcessInfo, detect, restart_count, socket_ifname
+
+
+def test_no_launcher_is_a_single_process() -> None:
+    info = detect({})
+    assert (info.rank, info.world_size, info.local_rank, info.launcher) == (0, 1, 0, Launcher.SINGLE)
+    assert info.is_main and info.master_addr is None
+
+
+def test_torchrun_environment() -> None:
+    env = {
+        "RANK": "5",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "4",
+        "GROUP_RANK": "1",
+        "MASTER_ADDR": "node0",
+        "MASTER_PORT": "29400",
+        "TORCHELASTIC_RUN_ID": "x",
+    }
+    info = detect(env)
+    assert info == ProcessInfo(5, 1, 8, 4, 1, "node0", 29400, Launcher.TORCHRUN)
+    assert info.num_nodes == 2 and not info.is_main
+
+
+def test_hand_written_rank_environment_means_one_node() -> None:
+    info = detect({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"})
+    assert (info.local_rank, info.local_world_size, info.node_rank, info.master_port) == (1, 2, 0, 29500)
+
+
+def test_openmpi_environment_with_master_from_x_flags() -> None:
+    env = {
+        "OMPI_COMM_WORLD_RANK": "3",
+        "OMPI_COMM_WORLD_SIZE": "4",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        "MASTER_ADDR": "a",
+        "MASTER_PORT": "1234",
+    }
+    assert detect(env) == ProcessInfo(3, 1, 4, 2, 1, "a", 1234, Launcher.OPENMPI)
+
+
+def test_mpich_and_intel_mpi_environment() -> None:
+    env = {"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2", "MASTER_ADDR": "h"}
+    assert detect(env) == ProcessInfo(2, 0, 4, 2, 1, "h", 29500, Launcher.MPICH)
+
+
+def test_slurm_master_is_first_host_of_expanded_nodelist() -> None:
+    env = {
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "8",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1",
+        "SLURM_TASKS_PER_NODE": "4(x2)",
+        "SLURM_JOB_NODELIST": "gpu[07-08,10]",
+        "SLURM_JOB_ID": "123456",
+    }
+    info = detect(env)
+    assert info == ProcessInfo(5, 1, 8, 4, 1, "gpu07", 20000 + 123456 % 10000, Launcher.SLURM)
+
+
+def test_slurm_master_addr_wins_over_nodelist() -> None:
+    env = {
+        "SLURM_PROCID": "0",
+        "SLURM_NTASKS": "2",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "SLURM_NODELIST": "n[1-2]",
+        "MASTER_ADDR": "10.0.0.9",
+        "MASTER_PORT": "4000",
+    }
+    info = detect(env)
+    assert (info.master_addr, info.master_port, info.local_world_size) == ("10.0.0.9", 4000, 2)
+
+
+def test_precedence_torchrun_inside_slurm_inside_nothing() -> None:
+    env = {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "SLURM_PROCID": "3",
+        "SLURM_NTASKS": "4",
+        "OMPI_COMM_WORLD_RANK": "1",
+        "OMPI_COMM_WORLD_SIZE": "2",
+    }
+    assert detect(env).launcher is Launcher.TORCHRUN
+    del env["RANK"], env["WORLD_SIZE"]
+    env["MASTER_ADDR"] = "x"
+    assert detect(env).launcher is Launcher.OPENMPI
+
+
+@pytest.mark.parametrize(
+    ("env", "names"),
+    [
+        ({"RANK": "4", "WORLD_SIZE": "4", "MASTER_ADDR": "a"}, ["rank 4", "world size 4"]),
+        ({"RANK": "0"}, ["RANK", "WORLD_SIZE"]),
+        ({"WORLD_SIZE": "2"}, ["WORLD_SIZE", "RANK"]),
+        ({"OMPI_COMM_WORLD_RANK": "1"}, ["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"]),
+        ({"PMI_SIZE": "2"}, ["PMI_SIZE", "PMI_RANK"]),
+        ({"RANK": "1", "WORLD_SIZE": "2"}, ["MASTER_ADDR", "-x MASTER_ADDR"]),
+        ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4"}, ["openmpi", "MASTER_ADDR"]),
+        ({"RANK": "one", "WORLD_SIZE": "2"}, ["RANK='one'", "not an integer"]),
+        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "http"}, ["MASTER_PORT='http'"]),
+        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "70000"}, ["MASTER_PORT=70000"]),
+        ({"RANK": "0", "WORLD_SIZE": "0"}, ["world size"]),
+        (
+            {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "a"},
+            ["local rank 2"],
+        ),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "many"}, ["SLURM_TASKS_PER_NODE"]),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "n[3-1]"}, ["n[3-1]"]),
+        ({"SLURM_PROCID": "1", "SLURM_NTASKS": "2"}, ["slurm", "MASTER_ADDR"]),
+    ],
+)
+def test_bad_environments_give_one_line_naming_the_variables(env: dict, names: list[str]) -> None:
+    with pytest.raises(UsageError) as caught:
+        detect(env)
+    message = str(caught.value)
+    assert "\n" not in message
+    for name in names:
+        assert name in message
+
+
+def test_file_rendezvous_needs_no_master() -> None:
+    info = detect({"RANK": "1", "WORLD_SIZE": "2"}, need_master=False)
+    assert info.master_addr is None and info.world_size == 2
+
+
+def test_other_environment_facts() -> None:
+    assert socket_ifname({"NCCL_SOCKET_IFNAME": "ib0"}) == "ib0"
+    assert socket_ifname({}) is None
+    assert restart_count({"TORCHELASTIC_RESTART_COUNT": "2"}) == 2
+    assert restart_count({}) == 0
+
+
+def test_detect_reads_the_real_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "1")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "c[1-2]")
+    info = detect()
+    assert (info.launcher, info.rank, info.master_addr) == (Launcher.SLURM, 1, "c1")
