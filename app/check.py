@@ -276,10 +276,10 @@ def format_table(report: dict) -> str:
         f"ddp-cluster check: {report['world_size']} ranks on {report['nodes']} host(s), "
         f"backend {report['backend']}, launcher {report['launcher']}",
         "",
-        f"{'rank':>4}  {'node':>4}  {'local':>5}  {'host':<24}  device",
+        f"{'rank':>4}  {'node':>4}  {'local':>5}  {'host':<24}  {'device':<8}  backend",
     ]
     lines += [
-        f"{r['rank']:>4}  {r['node_rank']:>4}  {r['local_rank']:>5}  {r['host']:<24}  {r['device']}"
+        f"{r['rank']:>4}  {r['node_rank']:>4}  {r['local_rank']:>5}  {r['host']:<24}  {r['device']:<8}  {r['backend']}"
         for r in report["ranks"]
     ]
     if not report["complete"]:
