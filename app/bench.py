@@ -1,0 +1,174 @@
+"""Benchmark: samples/s of ``app train`` against a plain tutorial-style DDP loop, same data, same ranks.
+
+    python -m app bench                                   # starts 2 local ranks itself (torchrun --standalone)
+    python -m app bench --nproc-per-node 4 --json bench.json
+    torchrun --standalone --nproc-per-node 2 -m app bench # under any launcher: the ranks it gives
+    mpirun -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29500 python -m app bench
+
+The tutorial loop is the seed's: the MLP (784-256-10), Adam, batch 64 per rank, a DataLoader over
+a TensorDataset with DistributedSampler, DDP with its defaults, ``loss.item()`` every step. The
+``app train`` side runs the real Trainer with its default settings (or the DDP flags given here)
+on the same synthetic samples. Rounds alternate between the two so that a busy machine slows both
+alike; the median epoch of each is compared. Rank 0 prints samples/s of both and the ratio.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+from app import launcher
+from app.atomic import atomic_write_text
+from app.distributed import DistContext, add_dist_arguments, dist_config_from_args, process_group
+from app.errors import ClusterError, UsageError
+from app.train import collective, data, models
+from app.train.config import DataConfig, DDPConfig, OptimConfig, RunConfig, TrainConfig
+from app.train.report import Reporter
+from app.train.trainer import Trainer
+
+BATCH = 64
+SHAPE = (1, 28, 28)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``python -m app bench``."""
+    k = DDPConfig()
+    parser.add_argument("--nproc-per-node", type=int, default=2,
+                        help="ranks to start with torchrun --standalone when run as one process (default 2)")
+    parser.add_argument("--samples", type=int, default=16384, help="synthetic training samples (default 16384)")
+    parser.add_argument("--rounds", type=int, default=5, help="timed epochs of each loop, alternating (default 5)")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    parser.add_argument("--loader", default=DataConfig().loader, help="app side: memory | dataloader")
+    parser.add_argument("--bucket-cap-mb", type=float, default=k.bucket_cap_mb, help="app side: bucket MiB")
+    parser.add_argument("--gradient-as-bucket-view", action=argparse.BooleanOptionalAction,
+                        default=k.gradient_as_bucket_view, help="app side (default on)")
+    parser.add_argument("--static-graph", action=argparse.BooleanOptionalAction, default=k.static_graph,
+                        help="app side (default on)")
+    parser.add_argument("--launch-timeout", type=float, default=600, help="seconds before the started ranks "
+                        "are stopped (default 600)")
+    add_dist_arguments(parser)
+
+
+def _child_argv(args: argparse.Namespace) -> list[str]:
+    argv = ["--samples", str(args.samples), "--rounds", str(args.rounds), "--loader", args.loader,
+            "--bucket-cap-mb", str(args.bucket_cap_mb), "--timeout", str(args.timeout), "--backend", args.backend,
+            "--gradient-as-bucket-view" if args.gradient_as_bucket_view else "--no-gradient-as-bucket-view",
+            "--static-graph" if args.static_graph else "--no-static-graph"]
+    return argv + (["--json", args.json] if args.json else [])
+
+
+def _relaunch(args: argparse.Namespace) -> int:
+    """Run this benchmark again under torchrun --standalone with --nproc-per-node ranks."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           str(args.nproc_per_node), "-m", "app", "bench", *_child_argv(args)]
+    try:
+        return subprocess.run(cmd, timeout=args.launch_timeout, check=False).returncode
+    except subprocess.TimeoutExpired:
+        raise ClusterError(f"bench did not finish within --launch-timeout {args.launch_timeout:g}s") from None
+
+
+def _config(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(
+        data=DataConfig(dataset="synthetic", input_shape=SHAPE, train_samples=args.samples, test_samples=BATCH,
+                        loader=args.loader),
+        optim=OptimConfig(model="mlp", batch_size=BATCH),
+        ddp=DDPConfig(bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=args.gradient_as_bucket_view,
+                      static_graph=args.static_graph),
+        run=RunConfig(out=Path("."), quiet=True),
+    )
+
+
+class TutorialLoop:
+    """The seed's loop, as the tutorials write it."""
+
+    def __init__(self, ctx: DistContext, split: data.Split) -> None:
+        torch.manual_seed(0)
+        self.device = ctx.device
+        model = models.mlp().to(ctx.device)
+        self.model = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-3)
+        dataset = TensorDataset(split.x, split.y)
+        self.sampler = DistributedSampler(dataset, num_replicas=ctx.proc.world_size, rank=ctx.proc.rank)
+        self.loader = DataLoader(dataset, batch_size=BATCH, sampler=self.sampler)
+
+    def timed_epoch(self, epoch: int) -> tuple[int, float]:
+        self.sampler.set_epoch(epoch)
+        self.model.train()
+        samples, total_loss = 0, 0.0
+        start = time.perf_counter()
+        for x, y in self.loader:
+            x, y = x.to(self.device), y.to(self.device)
+            self.optimizer.zero_grad()
+            loss = F.cross_entropy(self.model(x), y)
+            loss.backward()
+            self.optimizer.step()
+            total_loss += loss.item()
+            samples += y.shape[0]
+        return samples, time.perf_counter() - start
+
+
+def _rate(runner, epoch: int, ctx: DistContext) -> float:
+    """Global samples/s of one epoch (samples summed over ranks, time of the slowest rank)."""
+    samples, seconds = runner.timed_epoch(epoch)
+    total, = collective.all_sum([samples], ctx.device)
+    slowest = torch.tensor([seconds], dtype=torch.float64, device=ctx.device)
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
+    return total / float(slowest.item())
+
+
+def measure(ctx: DistContext, cfg: TrainConfig, rounds: int) -> dict:
+    """Warm both loops up, then alternate timed epochs; median samples/s of each."""
+    dataset = data.synthetic(cfg.data)
+    app = Trainer(cfg, ctx, dataset, Reporter(cfg.run.out, enabled=False))
+    tutorial = TutorialLoop(ctx, dataset.train)
+    rates: dict[str, list[float]] = {"tutorial": [], "app": []}
+    for epoch in range(rounds + 1):
+        for name, runner in (("tutorial", tutorial), ("app", app)):
+            rate = _rate(runner, epoch, ctx)
+            if epoch > 0:  # epoch 0 warms up
+                rates[name].append(rate)
+    tut, mine = statistics.median(rates["tutorial"]), statistics.median(rates["app"])
+    return {"world_size": ctx.proc.world_size, "backend": ctx.backend, "device": str(ctx.device),
+            "samples": cfg.data.train_samples, "batch_per_rank": BATCH, "rounds": rounds,
+            "threads_per_rank": torch.get_num_threads(), "tutorial_samples_per_s": tut, "app_samples_per_s": mine,
+            "ratio": mine / tut, "app_settings": {"loader": cfg.data.loader, **vars(cfg.ddp)}, "all_rates": rates}
+
+
+def format_report(r: dict) -> str:
+    s = r["app_settings"]
+    return "\n".join([
+        f"bench: {r['world_size']} ranks ({r['backend']} on {r['device']}, {r['threads_per_rank']} thread(s) each), "
+        f"mlp, batch {r['batch_per_rank']}/rank, {r['samples']} synthetic samples, median of {r['rounds']} epochs",
+        f"  tutorial loop (DataLoader + DistributedSampler, Adam, DDP defaults): "
+        f"{r['tutorial_samples_per_s']:10.0f} samples/s",
+        f"  app train (loader {s['loader']}, bucket {s['bucket_cap_mb']:g} MiB, gradient_as_bucket_view "
+        f"{s['gradient_as_bucket_view']}, static_graph {s['static_graph']}): {r['app_samples_per_s']:10.0f} samples/s",
+        f"  ratio app/tutorial: {r['ratio']:.2f}x",
+    ])
+
+
+def run(args: argparse.Namespace) -> int:
+    """Relaunch under torchrun when alone, else measure on these ranks; rank 0 reports."""
+    if args.rounds < 1 or args.samples < BATCH or args.nproc_per_node < 1:
+        raise UsageError("--rounds must be >= 1, --samples >= 64 and --nproc-per-node >= 1")
+    cfg = _config(args)
+    proc = launcher.detect(need_master=args.init_method is None)
+    if proc.world_size == 1 and args.nproc_per_node > 1:
+        return _relaunch(args)
+    with process_group(proc, dist_config_from_args(args)) as ctx:
+        report = measure(ctx, cfg, args.rounds)
+    if proc.is_main:
+        print(format_report(report), flush=True)
+        if args.json:
+            atomic_write_text(args.json, json.dumps(report, indent=2) + "\n")
+    return 0

@@ -1,0 +1,89 @@
+"""Checkpoint files: written atomically by global rank 0, read back with ``weights_only=True``.
+
+Layout: ``OUT/checkpoints/step-00000120.pt``; the highest step is the latest. A checkpoint holds
+the model, optimizer and GradScaler states, the epoch, the batch within it and the optimizer step
+(the sampler position), each rank's RNG state, and the identity of the run (model, dataset, sample
+shape, classes) that a resume must match. Nothing here overwrites another run's checkpoints: a
+new run refuses an out folder that already has some unless it resumes from the latest.
+"""
+
+import io
+import re
+from pathlib import Path
+
+import torch
+
+from app.atomic import atomic_write_bytes
+from app.errors import UsageError
+
+FORMAT = 1
+"""Version of the checkpoint layout; bumped when the keys change."""
+SUBDIR = "checkpoints"
+_NAME = re.compile(r"^step-(\d{8})\.pt$")
+
+
+def directory(out: Path) -> Path:
+    return Path(out) / SUBDIR
+
+
+def path_for(out: Path, step: int) -> Path:
+    return directory(out) / f"step-{step:08d}.pt"
+
+
+def existing(out: Path) -> list[Path]:
+    """Checkpoints in ``out``, oldest first (temp files of interrupted writes are ignored)."""
+    folder = directory(out)
+    if not folder.is_dir():
+        return []
+    found = [(int(m[1]), p) for p in folder.iterdir() if (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def resolve_resume(out: Path, resume: str) -> Path | None:
+    """The checkpoint to resume from (None: start fresh), refusing to overwrite another run."""
+    found = existing(out)
+    if resume == "none":
+        if found:
+            raise UsageError(f"{directory(out)} already holds checkpoints (latest {found[-1].name}): "
+                             "pass --resume auto to continue that run, or choose another --out")
+        return None
+    if resume == "auto":
+        return found[-1] if found else None
+    chosen = Path(resume)
+    if found and chosen.resolve() != found[-1].resolve():
+        raise UsageError(f"--resume {resume} is not the latest checkpoint in {directory(out)} ({found[-1].name}); "
+                         "resuming from it would overwrite newer ones: choose another --out")
+    return chosen
+
+
+def save(out: Path, state: dict, step: int, keep: int) -> Path:
+    """Write ``state`` as step ``step`` (temp file, fsync, rename), then keep only the ``keep`` newest."""
+    buffer = io.BytesIO()
+    torch.save({"format": FORMAT, **state}, buffer)
+    target = atomic_write_bytes(path_for(out, step), buffer.getvalue())
+    for old in existing(out)[:-keep]:
+        old.unlink(missing_ok=True)
+    return target
+
+
+def load(path: Path) -> dict:
+    """Read a checkpoint (tensors only, no code); a corrupt or foreign file is a UsageError."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises many types for a truncated or foreign file
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UsageError(f"checkpoint {path} is unreadable ({reason[:200]}): delete it or "
+                         "pass --resume with an earlier checkpoint") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise UsageError(f"checkpoint {path} is not a ddp-cluster checkpoint of format {FORMAT}: "
+                         "choose another --out or --resume file")
+    return state
+
+
+def check_identity(path: Path, saved: dict, wanted: dict) -> None:
+    """Raise UsageError when the checkpoint was made by a different kind of run."""
+    for key, value in wanted.items():
+        have = saved.get(key)
+        if have != value:
+            raise UsageError(f"checkpoint {path} was made with {key} {have!r}, this run has {value!r}: "
+                             f"pass the same --{key.replace('_', '-')} or choose another --out")

@@ -1,0 +1,53 @@
+"""The models: the seed's MLP, a small CNN with BatchNorm, torchvision's ResNet-18.
+
+``input_shape(model, data_shape)`` says what one sample must look like for the model; the data
+is resized to it once, in memory (``data.adapt``).
+"""
+
+from torch import nn
+
+from app.errors import UsageError
+
+
+def mlp(num_classes: int = 10) -> nn.Module:
+    """The seed's model: Flatten, Linear 784-256, ReLU, Linear 256-10 (1x28x28 input)."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, num_classes))
+
+
+def cnn(channels: int, num_classes: int = 10) -> nn.Module:
+    """Two 3x3 conv + BatchNorm + ReLU blocks, a max pool, a 4x4 average pool, a linear head."""
+    return nn.Sequential(
+        nn.Conv2d(channels, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+        nn.MaxPool2d(2), nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(64 * 16, num_classes),
+    )
+
+
+def resnet18(num_classes: int = 10) -> nn.Module:
+    """torchvision's ResNet-18, randomly initialised (no weights are downloaded)."""
+    try:
+        from torchvision.models import resnet18 as tv_resnet18
+    except ImportError as error:
+        raise UsageError(f"--model resnet18 needs torchvision, which does not import here ({error}): "
+                         "install the torchvision that matches torch, or use --model mlp or cnn") from None
+    return tv_resnet18(weights=None, num_classes=num_classes)
+
+
+def input_shape(model: str, data_shape: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The sample shape ``model`` takes, given the dataset's own shape."""
+    if model == "mlp":
+        return (1, 28, 28)
+    if model == "resnet18":
+        return (3, max(32, data_shape[1]), max(32, data_shape[2]))
+    return data_shape
+
+
+def build(model: str, data_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    """A freshly initialised ``model`` for samples of ``input_shape(model, data_shape)``."""
+    if model == "mlp":
+        return mlp(num_classes)
+    if model == "cnn":
+        return cnn(data_shape[0], num_classes)
+    if model == "resnet18":
+        return resnet18(num_classes)
+    raise UsageError(f"--model {model!r} is not one of mlp, cnn, resnet18")

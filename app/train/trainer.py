@@ -1,0 +1,280 @@
+"""The training loop: DDP, accumulation with no_sync, mixed precision, evaluation, checkpoints.
+
+    trainer = Trainer(cfg, ctx, data, reporter)   # inside app.distributed.process_group
+    trainer.restore(state)                          # optional, from checkpoint.load
+    summary = trainer.fit()
+
+One optimizer step is ``accum_steps`` micro-batches; gradients are all-reduced on the last one
+only (``no_sync`` on the others) and each micro-batch's loss is divided by the group's size.
+"""
+
+import math
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from app import launcher
+from app.distributed import DistContext
+from app.errors import UsageError
+from app.train import checkpoint, collective, models
+from app.train import precision as amp
+from app.train.config import TrainConfig
+from app.train.data import Dataset
+from app.train.loader import TrainLoader, eval_batches
+from app.train.report import Reporter
+
+CRASH_EXIT_CODE = 17
+"""Exit status of the simulated crash (--crash-at-step)."""
+EVAL_BATCH = 1024
+
+
+@dataclass
+class Position:
+    """Where training stands: the next batch of ``epoch`` to run, and optimizer steps so far."""
+
+    epoch: int = 0
+    batch: int = 0
+    step: int = 0
+
+
+def build_optimizer(name: str, params, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """Adam, AdamW or SGD (momentum 0.9), with the multi-tensor (foreach) implementation."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay, foreach=True)
+    cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
+    return cls(params, lr=lr, weight_decay=weight_decay, foreach=True)
+
+
+def static_graph(cfg: TrainConfig) -> bool:
+    """static_graph as configured, except with accumulation: DDP's static graph cannot begin in no_sync."""
+    return cfg.ddp.static_graph and cfg.optim.accum_steps == 1
+
+
+def wrap_ddp(model: nn.Module, ctx: DistContext, cfg: TrainConfig) -> DDP:
+    """DDP with the configured buckets; BatchNorm -> SyncBatchNorm when asked."""
+    if cfg.ddp.sync_bn:
+        if ctx.device.type != "cuda" and ctx.proc.world_size > 1:
+            raise UsageError("--sync-bn needs CUDA devices (SyncBatchNorm has no CPU implementation): "
+                             "drop --sync-bn on CPU")
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+               bucket_cap_mb=cfg.ddp.bucket_cap_mb, gradient_as_bucket_view=cfg.ddp.gradient_as_bucket_view,
+               static_graph=static_graph(cfg))
+
+
+class Trainer:
+    """Trains one model on one rank of a joined process group."""
+
+    def __init__(self, cfg: TrainConfig, ctx: DistContext, data: Dataset, reporter: Reporter) -> None:
+        self.cfg, self.ctx, self.data, self.reporter = cfg, ctx, data, reporter
+        self.rank, self.world = ctx.proc.rank, ctx.proc.world_size
+        o = cfg.optim
+        self.precision = amp.make(o.precision, ctx.device)
+        torch.manual_seed(o.seed)
+        self.model = models.build(o.model, data.shape, data.num_classes).to(ctx.device)
+        self.ddp = wrap_ddp(self.model, ctx, cfg)
+        self.model = self.ddp.module
+        self.optimizer = build_optimizer(o.optimizer, self.model.parameters(), o.lr, o.weight_decay)
+        self.loader = TrainLoader(data.train, self.rank, self.world, o.batch_size, o.seed, ctx.device,
+                                  cfg.data.loader, cfg.data.workers)
+        self.pos = Position()
+        self.resumed_from: str | None = None
+        self._saved_step = -1
+
+    # --- identity and state -------------------------------------------------------------------
+
+    @property
+    def identity(self) -> dict:
+        """What a checkpoint must match to be resumed by this run."""
+        return {"model": self.cfg.optim.model, "dataset": self.data.name, "input_shape": list(self.data.shape),
+                "num_classes": self.data.num_classes}
+
+    def _state(self, rng: list[torch.Tensor]) -> dict:
+        o, scaler = self.cfg.optim, self.precision.scaler
+        return {**self.identity, "model_state": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scaler": scaler.state_dict() if scaler else {}, "epoch": self.pos.epoch, "batch": self.pos.batch,
+                "step": self.pos.step, "world_size": self.world, "batch_size": o.batch_size,
+                "accum_steps": o.accum_steps, "seed": o.seed, "rng": rng}
+
+    def restore(self, state: dict, source: str) -> None:
+        """Continue from a checkpoint's state (already checked against ``identity``)."""
+        self._check_position(state, source)
+        try:
+            self.model.load_state_dict(state["model_state"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, KeyError, ValueError) as error:
+            raise UsageError(f"checkpoint {source} does not fit this model ({str(error).splitlines()[0][:200]}): "
+                             "choose another --out") from None
+        if self.precision.scaler and state.get("scaler"):
+            self.precision.scaler.load_state_dict(state["scaler"])
+        rng = state["rng"]
+        torch.set_rng_state(rng[self.rank] if len(rng) == self.world else rng[0])
+        self.pos = Position(state["epoch"], state["batch"], state["step"])
+        self._saved_step = self.pos.step
+        self.resumed_from = source
+
+    def _check_position(self, state: dict, source: str) -> None:
+        if state["batch"] == 0:
+            return  # an epoch boundary: any world size or batch size can continue from here
+        o = self.cfg.optim
+        have = (state["world_size"], state["batch_size"], state["accum_steps"], state["seed"])
+        if have != (self.world, o.batch_size, o.accum_steps, o.seed):
+            raise UsageError(
+                f"checkpoint {source} was taken mid-epoch with world size {have[0]}, --batch-size {have[1]}, "
+                f"--accum-steps {have[2]}, --seed {have[3]}: resume with the same values")
+
+    def _save(self) -> None:
+        """Checkpoint the current position (a collective: every rank calls it; rank 0 writes)."""
+        rng = collective.gather_rng()
+        if self.ctx.proc.is_main:
+            path = checkpoint.save(self.cfg.run.out, self._state(rng), self.pos.step, self.cfg.run.keep_checkpoints)
+            self.reporter.event("checkpoint", step=self.pos.step, epoch=self.pos.epoch, path=str(path))
+        self._saved_step = self.pos.step
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    def _run_batch(self, x: torch.Tensor, y: torch.Tensor, sync: bool, weight: float) -> torch.Tensor:
+        """Forward and backward of one micro-batch; gradients all-reduced only when ``sync``."""
+        with nullcontext() if sync else self.ddp.no_sync():
+            with self.precision.autocast():
+                loss = F.cross_entropy(self.ddp(x), y)
+            scaled = loss * weight if weight != 1.0 else loss
+            (self.precision.scaler.scale(scaled) if self.precision.scaler else scaled).backward()
+        return loss.detach()
+
+    def _optimizer_step(self) -> None:
+        scaler = self.precision.scaler
+        if scaler:
+            scaler.step(self.optimizer)
+            scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.pos.step += 1
+
+    def _after_step(self) -> bool:
+        """Checkpoint, simulated crash and step limit after an optimizer step; False: stop now."""
+        run, step = self.cfg.run, self.pos.step
+        if run.checkpoint_every and step % run.checkpoint_every == 0:
+            self._save()
+        if (run.crash_at_step == step and run.crash_rank == self.rank and launcher.restart_count() == 0):
+            os._exit(CRASH_EXIT_CODE)  # like a killed process: no cleanup, no goodbye to the peers
+        return not (self.cfg.optim.max_steps and step >= self.cfg.optim.max_steps)
+
+    def _run_epoch(self, epoch: int) -> tuple[bool, dict]:
+        """Train from the current position to the end of ``epoch``; (go on?, loss sums and timing)."""
+        k, total = self.cfg.optim.accum_steps, len(self.loader)
+        loss_sum = torch.zeros((), device=self.ctx.device)
+        samples, steps, go_on = 0, 0, True
+        start = time.perf_counter()
+        for i, (x, y) in enumerate(self.loader.epoch(epoch, self.pos.batch), self.pos.batch):
+            group_start = i - i % k
+            group_size = min(k, total - group_start)
+            boundary = i + 1 == group_start + group_size
+            loss = self._run_batch(x, y, boundary, 1.0 / group_size)
+            loss_sum += loss * y.shape[0]
+            samples += y.shape[0]
+            self.reporter.progress(epoch, self.cfg.optim.epochs, i + 1, total,
+                                   loss.item() if self.reporter.tty else None)
+            if boundary:
+                self._optimizer_step()
+                steps += 1
+                self.pos.batch = i + 1
+                if not self._after_step():
+                    go_on = False
+                    break
+        seconds = time.perf_counter() - start
+        if go_on or self.pos.batch >= total:
+            self.pos = Position(epoch + 1, 0, self.pos.step)
+        return go_on, {"loss_sum": float(loss_sum), "samples": samples, "steps": steps, "seconds": seconds}
+
+    def timed_epoch(self, epoch: int) -> tuple[int, float]:
+        """Train all of ``epoch`` from its start, as fit does (for the benchmark): (samples, seconds)."""
+        self.pos = Position(epoch, 0, self.pos.step)
+        _, stats = self._run_epoch(epoch)
+        return stats["samples"], stats["seconds"]
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Test loss and accuracy over all ranks, every test sample counted exactly once."""
+        self.model.eval()
+        loss_sum, correct, count = 0.0, 0.0, 0.0
+        for x, y in eval_batches(self.data.test, self.rank, self.world, EVAL_BATCH, self.ctx.device):
+            with self.precision.autocast():
+                logits = self.model(x)
+            loss_sum += F.cross_entropy(logits.float(), y, reduction="sum").item()
+            correct += (logits.argmax(dim=1) == y).sum().item()
+            count += y.shape[0]
+        self.model.train()
+        loss_sum, correct, count = collective.all_sum([loss_sum, correct, count], self.ctx.device)
+        return {"test_loss": loss_sum / max(count, 1), "test_accuracy": correct / max(count, 1),
+                "test_correct": int(correct), "test_samples": int(count)}
+
+    def _epoch_record(self, epoch: int, stats: dict) -> dict:
+        loss_sum, samples, steps, seconds = collective.all_sum(
+            [stats["loss_sum"], stats["samples"], stats["steps"], stats["seconds"]], self.ctx.device)
+        seconds /= self.world
+        return {"epoch": epoch, "epochs": self.cfg.optim.epochs, "step": self.pos.step,
+                "train_loss": loss_sum / max(samples, 1), "train_samples": int(samples),
+                "samples_per_s": samples / seconds if seconds > 0 else 0.0,
+                "step_ms": 1000 * seconds / max(steps / self.world, 1), "seconds": seconds, **self.evaluate()}
+
+    def fit(self) -> dict:
+        """Train to the end (or --max-steps) and return the summary; rank 0 reports and saves."""
+        o, run = self.cfg.optim, self.cfg.run
+        self.reporter.event("start", **self.describe(), resumed_from=self.resumed_from, position=vars(self.pos))
+        self.reporter.line(self.banner())
+        record: dict = {}
+        totals = {"samples": 0.0, "seconds": 0.0}
+        go_on = self.pos.epoch < o.epochs and not (o.max_steps and self.pos.step >= o.max_steps)
+        while go_on and self.pos.epoch < o.epochs:
+            epoch = self.pos.epoch
+            go_on, stats = self._run_epoch(epoch)
+            record = self._epoch_record(epoch, stats)
+            totals["samples"] += record["train_samples"]
+            totals["seconds"] += record["seconds"]
+            self.reporter.epoch(record)
+            if go_on and run.checkpoint_every_epochs and (epoch + 1) % run.checkpoint_every_epochs == 0:
+                self._save()
+        if self._saved_step != self.pos.step:
+            self._save()
+        return self._summary(record or self.evaluate(), totals)
+
+    def _summary(self, last: dict, totals: dict) -> dict:
+        spread = collective.param_spread(self.model)
+        out = self.cfg.run.out
+        return {
+            **self.describe(), "step": self.pos.step, "epochs_completed": self.pos.epoch,
+            "test_loss": last["test_loss"], "test_accuracy": last["test_accuracy"],
+            "test_correct": last["test_correct"], "test_samples": last["test_samples"],
+            "samples_per_s": totals["samples"] / totals["seconds"] if totals["seconds"] else 0.0,
+            "train_seconds": totals["seconds"], "params_identical": spread == 0.0, "param_spread": spread,
+            "resumed_from": self.resumed_from,
+            "checkpoint": str(checkpoint.path_for(out, self.pos.step)), "summary_path": str(out / "summary.json"),
+        }
+
+    def describe(self) -> dict:
+        """The run's shape, for the banner, metrics.jsonl and the summary."""
+        o, p = self.cfg.optim, self.ctx.proc
+        return {"model": o.model, "dataset": self.data.name, "world_size": p.world_size, "nodes": p.num_nodes,
+                "launcher": p.launcher.value, "backend": self.ctx.backend, "device": str(self.ctx.device),
+                "batch_size": o.batch_size, "accum_steps": o.accum_steps,
+                "global_batch": o.batch_size * p.world_size * o.accum_steps, "precision": o.precision,
+                "optimizer": o.optimizer, "lr": o.lr, "static_graph": static_graph(self.cfg), "epochs": o.epochs,
+                "train_samples": len(self.data.train),
+                "test_samples": len(self.data.test)}
+
+    def banner(self) -> str:
+        d = self.describe()
+        resumed = f", resumed from {self.resumed_from} at step {self.pos.step}" if self.resumed_from else ""
+        return (f"train: {d['model']} on {d['dataset']} ({d['train_samples']} train / {d['test_samples']} test), "
+                f"{d['world_size']} rank(s) on {d['nodes']} node(s), per-rank batch {d['batch_size']} x "
+                f"{d['world_size']} ranks x accum {d['accum_steps']} = global batch {d['global_batch']}, "
+                f"{d['precision']}, {d['backend']} on {d['device']}, {math.ceil(len(self.loader) / d['accum_steps'])}"
+                f" steps/epoch{resumed}")

@@ -1,0 +1,78 @@
+"""Run ``python -m app train`` (or the test worker) on real local ranks, and read what it wrote.
+
+Ranks rendezvous through a FileStore in the test's tmp_path (``--init-method file://``) with
+hand-set RANK/WORLD_SIZE, so there is no port to pick and no free-port race; torchrun runs with
+``--standalone`` where its restarts are what is tested.
+"""
+
+import itertools
+import json
+import subprocess
+from pathlib import Path
+
+import torch
+
+from tests.integration.launchers import PYTHON, _clean_env, run_torchrun
+
+TIMEOUT = 240
+_rdzv_counter = itertools.count()
+
+
+def run_ranks(nproc: int, args: list[str], tmp_path: Path, module: str = "app",
+              timeout: float = TIMEOUT) -> list[subprocess.CompletedProcess]:
+    """Start ``nproc`` processes of ``python -m MODULE ARGS`` as ranks of one job; wait for all."""
+    rdzv = tmp_path / f"rdzv-{next(_rdzv_counter)}"
+    procs = []
+    for rank in range(nproc):
+        env = _clean_env({"RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank),
+                          "LOCAL_WORLD_SIZE": str(nproc)})
+        cmd = [PYTHON, "-m", module, *args, "--init-method", f"file://{rdzv}"]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results
+
+
+def train(nproc: int, args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    """``app train ARGS`` on ``nproc`` ranks; asserts that every rank exited 0; rank 0's output."""
+    results = run_ranks(nproc, ["train", *args], tmp_path)
+    for rank, done in enumerate(results):
+        assert done.returncode == 0, f"rank {rank} exited {done.returncode}: {done.stderr[-3000:]}"
+    return results[0]
+
+
+def train_torchrun(nproc: int, args: list[str]) -> subprocess.CompletedProcess:
+    return run_torchrun(nproc, ["train", *args], timeout=TIMEOUT)
+
+
+def synthetic(out: Path, *extra: str) -> list[str]:
+    """Flags of a small, quick synthetic run writing to ``out``."""
+    return ["--dataset", "synthetic", "--input-shape", "1x28x28", "--out", str(out), "--quiet", *extra]
+
+
+def final_params(out: Path) -> dict[str, torch.Tensor]:
+    """The model weights of the newest checkpoint in ``out``."""
+    newest = sorted((out / "checkpoints").glob("step-*.pt"))[-1]
+    return torch.load(newest, map_location="cpu", weights_only=True)["model_state"]
+
+
+def summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_params_close(a: dict, b: dict, rtol: float, atol: float) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=rtol, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
