@@ -111,6 +111,16 @@ def _store(proc: ProcessInfo, timeout: timedelta) -> dist.Store:
         ) from None
 
 
+def _agent_store(proc: ProcessInfo, timeout: timedelta) -> dist.Store:
+    """torchrun's agent store, under a prefix per restart attempt.
+
+    The agent keeps its store across ``--max-restarts``; without the prefix a restarted group reads
+    the gloo addresses that the dead attempt left there and fails to connect (torch 2.13).
+    """
+    base = dist.TCPStore(proc.master_addr, proc.master_port, proc.world_size, is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"attempt_{launcher.restart_count()}", base)
+
+
 def _init(proc: ProcessInfo, cfg: DistConfig, backend: str, device: torch.device) -> None:
     timeout = timedelta(seconds=cfg.timeout_s)
     kwargs: dict = {"backend": backend, "timeout": timeout, "rank": proc.rank, "world_size": proc.world_size}
@@ -118,6 +128,8 @@ def _init(proc: ProcessInfo, cfg: DistConfig, backend: str, device: torch.device
         kwargs["device_id"] = device
     if cfg.init_method:
         kwargs["init_method"] = cfg.init_method
+    elif launcher.uses_torchrun_store(proc) and launcher.torchrun_agent_store():
+        kwargs["store"] = _agent_store(proc, timeout)
     elif launcher.uses_torchrun_store(proc):
         kwargs["init_method"] = "env://"
     else:

@@ -219,6 +219,12 @@ def uses_torchrun_store(info: ProcessInfo, env: Mapping[str, str] | None = None)
     return info.launcher is Launcher.TORCHRUN and "TORCHELASTIC_RUN_ID" in env
 
 
+def torchrun_agent_store(env: Mapping[str, str] | None = None) -> bool:
+    """True when torchrun's agent hosts the store that its workers join as clients."""
+    env = os.environ if env is None else env
+    return env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
 def socket_ifname(env: Mapping[str, str] | None = None) -> str | None:
     """The network interface chosen with GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME, if any."""
     env = os.environ if env is None else env
