@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from tests.integration.launchers import PYTHON, _clean_env, run_torchrun
+from tests.integration.launchers import PYTHON, TORCHRUN, _clean_env
 
 TIMEOUT = 240
 _rdzv_counter = itertools.count()
@@ -49,10 +49,6 @@ def train(nproc: int, args: list[str], tmp_path: Path) -> subprocess.CompletedPr
     return results[0]
 
 
-def train_torchrun(nproc: int, args: list[str]) -> subprocess.CompletedProcess:
-    return run_torchrun(nproc, ["train", *args], timeout=TIMEOUT)
-
-
 def synthetic(out: Path, *extra: str) -> list[str]:
     """Flags of a small, quick synthetic run writing to ``out``."""
     return ["--dataset", "synthetic", "--input-shape", "1x28x28", "--out", str(out), "--quiet", *extra]
@@ -76,3 +72,10 @@ def assert_params_close(a: dict, b: dict, rtol: float, atol: float) -> None:
     assert a.keys() == b.keys()
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=rtol, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def train_torchrun_restarting(nproc: int, args: list[str], max_restarts: int) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --max-restarts N -m app train ARGS``: torchrun restarts failed ranks."""
+    cmd = [TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
+           "--monitor-interval=0.5", "-m", "app", "train", *args]
+    return subprocess.run(cmd, env=_clean_env(), capture_output=True, text=True, timeout=TIMEOUT, check=False)

@@ -1,0 +1,45 @@
+"""DDP proof 3: a job that dies after step s and is restarted by torchrun ends exactly where an
+uninterrupted one does (model, optimizer, sampler position and RNG all come back)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.train.trainer import CRASH_EXIT_CODE
+from tests.integration.train_runs import final_params, metrics, summary, synthetic, train, train_torchrun_restarting
+
+pytestmark = pytest.mark.integration
+
+# 128 samples, batch 8 on 2 ranks: 8 steps per epoch, 16 in all; checkpoints at 5, 8, 10, 15, 16.
+COMMON = ["--train-samples", "128", "--test-samples", "32", "--epochs", "2", "--batch-size", "8",
+          "--checkpoint-every", "5", "--keep-checkpoints", "10"]
+
+
+def _steps(out: Path) -> list[int]:
+    return [int(p.stem.split("-")[1]) for p in sorted((out / "checkpoints").glob("step-*.pt"))]
+
+
+def test_killed_job_resumes_to_the_same_parameters(tmp_path) -> None:
+    reference, crashed = tmp_path / "reference", tmp_path / "crashed"
+    train(2, synthetic(reference, *COMMON), tmp_path)
+
+    # Rank 1 dies abruptly after step 7 on the first attempt; torchrun restarts both ranks,
+    # which continue from the latest checkpoint (step 5, in the middle of epoch 0).
+    done = train_torchrun_restarting(
+        2, [*synthetic(crashed, *COMMON), "--resume", "auto", "--crash-at-step", "7", "--crash-rank", "1"],
+        max_restarts=1)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"exitcode: {CRASH_EXIT_CODE}" in done.stderr, done.stderr[-3000:]  # the crash really happened
+
+    starts = [m for m in metrics(crashed) if m["event"] == "start"]
+    assert len(starts) == 2 and starts[0]["resumed_from"] is None
+    assert starts[1]["resumed_from"].endswith("step-00000005.pt")
+    assert starts[1]["position"] == {"epoch": 0, "batch": 5, "step": 5}
+    assert summary(crashed)["resumed_from"].endswith("step-00000005.pt")
+    assert _steps(crashed) == _steps(reference) == [5, 8, 10, 15, 16]
+
+    want, got = final_params(reference), final_params(crashed)
+    for name in want:
+        assert torch.equal(want[name], got[name]), name
+    assert summary(crashed)["test_accuracy"] == summary(reference)["test_accuracy"]
