@@ -8,6 +8,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from app.errors import ClusterError, UsageError
 
@@ -36,10 +37,17 @@ def _top_help() -> str:
     )
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse with its errors as one line, like every other bad input (exit status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
     """The parser and module of one command."""
     module = importlib.import_module(COMMANDS[name][0])
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog=f"python -m app {name}",
         description=COMMANDS[name][1],
         epilog=module.__doc__,
