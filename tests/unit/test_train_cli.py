@@ -1,0 +1,63 @@
+"""``python -m app train`` and ``bench`` bad input: one line on stderr, exit status 2, nothing written."""
+
+import importlib.util
+
+import pytest
+
+from app.cli import main
+
+HAS_TORCHVISION = importlib.util.find_spec("torchvision") is not None
+
+
+def _fails(capsys, *args: str) -> str:
+    try:
+        code = main(list(args))
+    except SystemExit as exit_:  # argparse's own errors
+        code = exit_.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--dataset", "imagenet"], "--dataset 'imagenet' is not one of digits, mnist, cifar10, synthetic"),
+        (["--dataset", "mnist"], "pass --data-dir DIR"),
+        (["--dataset", "cifar10", "--data-dir", "/nonexistent/data"], "is not a directory"),
+        (["--model", "vgg"], "--model 'vgg' is not one of"),
+        (["--precision", "fp16"], "--precision fp16 needs a CUDA GPU"),
+        (["--precision", "int8"], "--precision 'int8' is not one of"),
+        (["--batch-size", "0"], "--batch-size 0 must be >= 1"),
+        (["--accum-steps", "0"], "--accum-steps 0 must be >= 1"),
+        (["--lr", "-1"], "--lr -1.0 must be > 0"),
+        (["--input-shape", "1x28"], "must be CxHxW"),
+        (["--resume", "/nonexistent/step.pt"], "no such checkpoint file"),
+        (["--epochs", "many"], "argument --epochs: invalid int value"),
+        (["--loader", "fast"], "--loader 'fast' is not one of memory, dataloader"),
+        (["--backend", "mpi"], "invalid choice"),
+    ],
+)
+def test_bad_flag_is_one_line(capsys, tmp_path, args: list[str], message: str) -> None:
+    assert message in _fails(capsys, "train", "--out", str(tmp_path / "o"), *args)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.skipif(HAS_TORCHVISION, reason="torchvision is installed here")
+@pytest.mark.parametrize("args", [["--model", "resnet18"], ["--dataset", "mnist", "--data-dir", "."]])
+def test_torchvision_missing_is_one_line(capsys, tmp_path, args: list[str]) -> None:
+    assert "needs torchvision" in _fails(capsys, "train", "--out", str(tmp_path), *args)
+
+
+def test_resume_none_refuses_to_overwrite_checkpoints(capsys, tmp_path) -> None:
+    ckpt = tmp_path / "checkpoints" / "step-00000004.pt"
+    ckpt.parent.mkdir()
+    ckpt.write_bytes(b"an earlier run")
+    err = _fails(capsys, "train", "--out", str(tmp_path), "--max-steps", "1")
+    assert "already holds checkpoints" in err and "--resume auto" in err
+    assert ckpt.read_bytes() == b"an earlier run"
+
+
+def test_bench_bad_numbers(capsys) -> None:
+    assert "--rounds" in _fails(capsys, "bench", "--rounds", "0")
