@@ -71,9 +71,9 @@ def load(path: Path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises many types for a truncated or foreign file
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise UsageError(f"checkpoint {path} is unreadable ({reason[:200]}): delete it or "
-                         "pass --resume with an earlier checkpoint") from None
+        reason = (str(error).strip() or type(error).__name__).splitlines()[0].split(". ")[0][:160]
+        raise UsageError(f"checkpoint {path} is unreadable ({reason}): move it away (--resume auto then "
+                         "takes the one before it) or choose another --out") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise UsageError(f"checkpoint {path} is not a ddp-cluster checkpoint of format {FORMAT}: "
                          "choose another --out or --resume file")

@@ -27,7 +27,7 @@ def rank_indices(n: int, rank: int, world: int, seed: int, epoch: int) -> torch.
 
 def eval_indices(n: int, rank: int, world: int) -> torch.Tensor:
     """This rank's share of an evaluation set: every sample on exactly one rank, no padding."""
-    return torch.arange(rank, n, world, dtype=torch.int64)
+    return torch.arange(n, dtype=torch.int64)[rank::world]
 
 
 class TrainLoader:

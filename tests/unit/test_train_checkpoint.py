@@ -1,0 +1,64 @@
+"""Checkpoint files: atomic, newest kept, loaded with weights_only, never silently overwritten."""
+
+import pytest
+import torch
+
+from app.errors import UsageError
+from app.train import checkpoint
+
+
+def _state(step: int) -> dict:
+    return {"model": "mlp", "model_state": {"w": torch.full((2,), float(step))}, "step": step}
+
+
+def test_save_load_round_trip_and_pruning(tmp_path) -> None:
+    for step in (3, 10, 12, 20):
+        checkpoint.save(tmp_path, _state(step), step, keep=2)
+    assert [p.name for p in checkpoint.existing(tmp_path)] == ["step-00000012.pt", "step-00000020.pt"]
+    loaded = checkpoint.load(checkpoint.path_for(tmp_path, 20))
+    assert loaded["format"] == checkpoint.FORMAT and torch.equal(loaded["model_state"]["w"], torch.full((2,), 20.0))
+    assert not list((tmp_path / "checkpoints").glob(".*.tmp"))  # no temp files left behind
+
+
+def test_resolve_resume(tmp_path) -> None:
+    assert checkpoint.resolve_resume(tmp_path, "auto") is None
+    assert checkpoint.resolve_resume(tmp_path, "none") is None
+    for step in (5, 9):
+        checkpoint.save(tmp_path, _state(step), step, keep=5)
+    (tmp_path / "checkpoints" / ".step-00000011.pt.abc.tmp").write_bytes(b"half")  # an interrupted write
+    latest = checkpoint.path_for(tmp_path, 9)
+    assert checkpoint.resolve_resume(tmp_path, "auto") == latest
+    assert checkpoint.resolve_resume(tmp_path, str(latest)) == latest
+    with pytest.raises(UsageError, match="already holds checkpoints"):
+        checkpoint.resolve_resume(tmp_path, "none")
+    with pytest.raises(UsageError, match="would overwrite newer ones"):
+        checkpoint.resolve_resume(tmp_path, str(checkpoint.path_for(tmp_path, 5)))
+
+
+def test_corrupt_and_foreign_files_are_usage_errors(tmp_path) -> None:
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"\x00garbage")
+    with pytest.raises(UsageError, match="is unreadable"):
+        checkpoint.load(bad)
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"state_dict": {}}, foreign)
+    with pytest.raises(UsageError, match="not a ddp-cluster checkpoint"):
+        checkpoint.load(foreign)
+
+
+def test_weights_only_refuses_pickled_code(tmp_path) -> None:
+    evil = tmp_path / "evil.pt"
+    torch.save({"format": checkpoint.FORMAT, "payload": _Payload()}, evil)
+    with pytest.raises(UsageError, match="is unreadable"):
+        checkpoint.load(evil)
+
+
+class _Payload:
+    """An arbitrary object: weights_only=True must refuse to unpickle it."""
+
+
+def test_identity_mismatch_names_the_flag(tmp_path) -> None:
+    saved = {"model": "mlp", "input_shape": [1, 28, 28]}
+    checkpoint.check_identity(tmp_path, saved, {"model": "mlp", "input_shape": [1, 28, 28]})
+    with pytest.raises(UsageError, match="made with model 'mlp', this run has 'cnn': pass the same --model"):
+        checkpoint.check_identity(tmp_path, saved, {"model": "cnn"})

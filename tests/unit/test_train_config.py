@@ -1,0 +1,54 @@
+"""TrainConfig sections validate on construction and name the flag to fix."""
+
+import pytest
+
+from app.errors import UsageError
+from app.train.config import DataConfig, DDPConfig, OptimConfig, RunConfig, TrainConfig, parse_shape
+
+
+def test_defaults_are_the_offline_digits_mlp_run() -> None:
+    cfg = TrainConfig()
+    assert (cfg.data.dataset, cfg.optim.model, cfg.optim.batch_size, cfg.optim.precision) == ("digits", "mlp", 64, "fp32")
+    assert cfg.ddp.gradient_as_bucket_view and cfg.ddp.static_graph and cfg.data.loader == "memory"
+    assert str(cfg.run.out) == "runs" and cfg.run.resume == "none"
+
+
+@pytest.mark.parametrize("text, shape", [("1x28x28", (1, 28, 28)), ("3X32x32", (3, 32, 32))])
+def test_parse_shape(text: str, shape: tuple) -> None:
+    assert parse_shape(text) == shape
+
+
+@pytest.mark.parametrize("text", ["28x28", "1x0x28", "ax28x28", ""])
+def test_parse_shape_rejects(text: str) -> None:
+    with pytest.raises(UsageError, match="CxHxW"):
+        parse_shape(text)
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: DataConfig(dataset="svhn"), "--dataset 'svhn'"),
+        (lambda: DataConfig(dataset="mnist"), "--data-dir"),
+        (lambda: DataConfig(num_classes=1), "--num-classes 1 must be >= 2"),
+        (lambda: DataConfig(train_samples=0), "--train-samples 0 must be > 0"),
+        (lambda: DataConfig(workers=-1), "--workers -1"),
+        (lambda: OptimConfig(optimizer="lamb"), "--optimizer 'lamb'"),
+        (lambda: OptimConfig(epochs=0), "--epochs 0 must be >= 1"),
+        (lambda: OptimConfig(max_steps=-2), "--max-steps -2"),
+        (lambda: OptimConfig(weight_decay=-0.1), "--weight-decay"),
+        (lambda: DDPConfig(bucket_cap_mb=0), "--bucket-cap-mb 0"),
+        (lambda: RunConfig(keep_checkpoints=0), "--keep-checkpoints 0"),
+        (lambda: RunConfig(checkpoint_every=-1), "--checkpoint-every -1"),
+        (lambda: RunConfig(resume="/no/such/file.pt"), "no such checkpoint file"),
+    ],
+)
+def test_bad_values_name_the_flag(build, message: str) -> None:
+    with pytest.raises(UsageError, match=message.replace("(", r"\(")):
+        build()
+
+
+def test_data_dir_must_exist_unless_downloading(tmp_path) -> None:
+    assert DataConfig(dataset="mnist", data_dir=tmp_path).data_dir == tmp_path
+    assert DataConfig(dataset="mnist", data_dir=tmp_path / "new", download=True).download
+    with pytest.raises(UsageError, match="is not a directory"):
+        DataConfig(dataset="mnist", data_dir=tmp_path / "new")

@@ -1,0 +1,37 @@
+"""Datasets in memory: digits (real, offline), synthetic, and the resizing to the model's input."""
+
+import torch
+
+from app.train import data, models
+from app.train.config import DataConfig
+
+
+def test_digits_is_real_sklearn_data_split_80_20_stratified() -> None:
+    ds = data.load_digits()
+    assert (len(ds.train), len(ds.test)) == (1437, 360) and ds.shape == (1, 8, 8) and ds.num_classes == 10
+    assert torch.bincount(ds.test.y, minlength=10).min() >= 35  # every class in the test split
+    assert abs(ds.train.x.mean().item()) < 1e-4 and abs(ds.train.x.std().item() - 1) < 1e-3
+    assert torch.equal(data.load_digits().train.x, ds.train.x)  # the split is fixed
+
+
+def test_synthetic_has_the_asked_shape_and_is_deterministic() -> None:
+    cfg = DataConfig(dataset="synthetic", input_shape=(3, 5, 7), num_classes=4, train_samples=20, test_samples=6)
+    a, b = data.synthetic(cfg, seed=1), data.synthetic(cfg, seed=1)
+    assert a.train.x.shape == (20, 3, 5, 7) and a.test.x.shape == (6, 3, 5, 7)
+    assert int(a.train.y.max()) < 4 and torch.equal(a.train.x, b.train.x)
+    assert not torch.equal(a.train.x, data.synthetic(cfg, seed=2).train.x)
+
+
+def test_adapt_resizes_digits_for_the_mlp_and_resnet() -> None:
+    ds = data.load_digits()
+    mlp_in = data.adapt(ds.test, models.input_shape("mlp", ds.shape))
+    assert mlp_in.x.shape == (360, 1, 28, 28) and torch.equal(mlp_in.y, ds.test.y)
+    rgb = data.adapt(ds.test, models.input_shape("resnet18", ds.shape))
+    assert rgb.x.shape == (360, 3, 32, 32) and torch.equal(rgb.x[:, 0], rgb.x[:, 2])
+    assert data.adapt(ds.test, ds.shape).x is not None and models.input_shape("cnn", ds.shape) == (1, 8, 8)
+
+
+def test_adapt_averages_colour_to_grey() -> None:
+    x = torch.stack([torch.zeros(2, 2), torch.ones(2, 2), 2 * torch.ones(2, 2)]).unsqueeze(0)
+    out = data.adapt(data.Split(x, torch.zeros(1, dtype=torch.int64)), (1, 2, 2))
+    assert torch.allclose(out.x, torch.ones(1, 1, 2, 2))
