@@ -42,34 +42,66 @@ SHAPE = (1, 28, 28)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m app bench``."""
     k = DDPConfig()
-    parser.add_argument("--nproc-per-node", type=int, default=2,
-                        help="ranks to start with torchrun --standalone when run as one process (default 2)")
+    parser.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=2,
+        help="ranks to start with torchrun --standalone when run as one process (default 2)",
+    )
     parser.add_argument("--samples", type=int, default=16384, help="synthetic training samples (default 16384)")
     parser.add_argument("--rounds", type=int, default=5, help="timed epochs of each loop, alternating (default 5)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     parser.add_argument("--loader", default=DataConfig().loader, help="app side: memory | dataloader")
     parser.add_argument("--bucket-cap-mb", type=float, default=k.bucket_cap_mb, help="app side: bucket MiB")
-    parser.add_argument("--gradient-as-bucket-view", action=argparse.BooleanOptionalAction,
-                        default=k.gradient_as_bucket_view, help="app side (default on)")
-    parser.add_argument("--static-graph", action=argparse.BooleanOptionalAction, default=k.static_graph,
-                        help="app side (default on)")
-    parser.add_argument("--launch-timeout", type=float, default=600, help="seconds before the started ranks "
-                        "are stopped (default 600)")
+    parser.add_argument(
+        "--gradient-as-bucket-view",
+        action=argparse.BooleanOptionalAction,
+        default=k.gradient_as_bucket_view,
+        help="app side (default on)",
+    )
+    parser.add_argument(
+        "--static-graph", action=argparse.BooleanOptionalAction, default=k.static_graph, help="app side (default on)"
+    )
+    parser.add_argument(
+        "--launch-timeout", type=float, default=600, help="seconds before the started ranks are stopped (default 600)"
+    )
     add_dist_arguments(parser)
 
 
 def _child_argv(args: argparse.Namespace) -> list[str]:
-    argv = ["--samples", str(args.samples), "--rounds", str(args.rounds), "--loader", args.loader,
-            "--bucket-cap-mb", str(args.bucket_cap_mb), "--timeout", str(args.timeout), "--backend", args.backend,
-            "--gradient-as-bucket-view" if args.gradient_as_bucket_view else "--no-gradient-as-bucket-view",
-            "--static-graph" if args.static_graph else "--no-static-graph"]
+    argv = [
+        "--samples",
+        str(args.samples),
+        "--rounds",
+        str(args.rounds),
+        "--loader",
+        args.loader,
+        "--bucket-cap-mb",
+        str(args.bucket_cap_mb),
+        "--timeout",
+        str(args.timeout),
+        "--backend",
+        args.backend,
+        "--gradient-as-bucket-view" if args.gradient_as_bucket_view else "--no-gradient-as-bucket-view",
+        "--static-graph" if args.static_graph else "--no-static-graph",
+    ]
     return argv + (["--json", args.json] if args.json else [])
 
 
 def _relaunch(args: argparse.Namespace) -> int:
     """Run this benchmark again under torchrun --standalone with --nproc-per-node ranks."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           str(args.nproc_per_node), "-m", "app", "bench", *_child_argv(args)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(args.nproc_per_node),
+        "-m",
+        "app",
+        "bench",
+        *_child_argv(args),
+    ]
     try:
         return subprocess.run(cmd, timeout=args.launch_timeout, check=False).returncode
     except subprocess.TimeoutExpired:
@@ -78,11 +110,15 @@ def _relaunch(args: argparse.Namespace) -> int:
 
 def _config(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(
-        data=DataConfig(dataset="synthetic", input_shape=SHAPE, train_samples=args.samples, test_samples=BATCH,
-                        loader=args.loader),
+        data=DataConfig(
+            dataset="synthetic", input_shape=SHAPE, train_samples=args.samples, test_samples=BATCH, loader=args.loader
+        ),
         optim=OptimConfig(model="mlp", batch_size=BATCH),
-        ddp=DDPConfig(bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=args.gradient_as_bucket_view,
-                      static_graph=args.static_graph),
+        ddp=DDPConfig(
+            bucket_cap_mb=args.bucket_cap_mb,
+            gradient_as_bucket_view=args.gradient_as_bucket_view,
+            static_graph=args.static_graph,
+        ),
         run=RunConfig(out=Path("."), quiet=True),
     )
 
@@ -119,7 +155,7 @@ class TutorialLoop:
 def _rate(runner, epoch: int, ctx: DistContext) -> float:
     """Global samples/s of one epoch (samples summed over ranks, time of the slowest rank)."""
     samples, seconds = runner.timed_epoch(epoch)
-    total, = collective.all_sum([samples], ctx.device)
+    (total,) = collective.all_sum([samples], ctx.device)
     slowest = torch.tensor([seconds], dtype=torch.float64, device=ctx.device)
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
@@ -138,23 +174,39 @@ def measure(ctx: DistContext, cfg: TrainConfig, rounds: int) -> dict:
             if epoch > 0:  # epoch 0 warms up
                 rates[name].append(rate)
     tut, mine = statistics.median(rates["tutorial"]), statistics.median(rates["app"])
-    return {"world_size": ctx.proc.world_size, "backend": ctx.backend, "device": str(ctx.device),
-            "samples": cfg.data.train_samples, "batch_per_rank": BATCH, "rounds": rounds,
-            "threads_per_rank": torch.get_num_threads(), "tutorial_samples_per_s": tut, "app_samples_per_s": mine,
-            "ratio": mine / tut, "app_settings": {"loader": cfg.data.loader, **vars(cfg.ddp)}, "all_rates": rates}
+    return {
+        "world_size": ctx.proc.world_size,
+        "backend": ctx.backend,
+        "device": str(ctx.device),
+        "samples": cfg.data.train_samples,
+        "batch_per_rank": BATCH,
+        "rounds": rounds,
+        "threads_per_rank": torch.get_num_threads(),
+        "tutorial_samples_per_s": tut,
+        "app_samples_per_s": mine,
+        "ratio": mine / tut,
+        "app_settings": {"loader": cfg.data.loader, **vars(cfg.ddp)},
+        "all_rates": rates,
+    }
 
 
 def format_report(r: dict) -> str:
     s = r["app_settings"]
-    return "\n".join([
-        f"bench: {r['world_size']} ranks ({r['backend']} on {r['device']}, {r['threads_per_rank']} thread(s) each), "
-        f"mlp, batch {r['batch_per_rank']}/rank, {r['samples']} synthetic samples, median of {r['rounds']} epochs",
-        f"  tutorial loop (DataLoader + DistributedSampler, Adam, DDP defaults): "
-        f"{r['tutorial_samples_per_s']:10.0f} samples/s",
-        f"  app train (loader {s['loader']}, bucket {s['bucket_cap_mb']:g} MiB, gradient_as_bucket_view "
-        f"{s['gradient_as_bucket_view']}, static_graph {s['static_graph']}): {r['app_samples_per_s']:10.0f} samples/s",
-        f"  ratio app/tutorial: {r['ratio']:.2f}x",
-    ])
+    ranks = f"{r['world_size']} ranks ({r['backend']} on {r['device']}, {r['threads_per_rank']} thread(s) each)"
+    data = f"{r['samples']} synthetic samples, median of {r['rounds']} epochs"
+    app = (
+        f"loader {s['loader']}, bucket {s['bucket_cap_mb']:g} MiB, "
+        f"gradient_as_bucket_view {s['gradient_as_bucket_view']}, static_graph {s['static_graph']}"
+    )
+    return "\n".join(
+        [
+            f"bench: {ranks}, mlp, batch {r['batch_per_rank']}/rank, {data}",
+            f"  tutorial loop (DataLoader + DistributedSampler, Adam, DDP defaults): "
+            f"{r['tutorial_samples_per_s']:8.0f} samples/s",
+            f"  app train ({app}): {r['app_samples_per_s']:8.0f} samples/s",
+            f"  ratio app/tutorial: {r['ratio']:.2f}x",
+        ]
+    )
 
 
 def run(args: argparse.Namespace) -> int:

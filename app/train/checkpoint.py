@@ -44,15 +44,19 @@ def resolve_resume(out: Path, resume: str) -> Path | None:
     found = existing(out)
     if resume == "none":
         if found:
-            raise UsageError(f"{directory(out)} already holds checkpoints (latest {found[-1].name}): "
-                             "pass --resume auto to continue that run, or choose another --out")
+            raise UsageError(
+                f"{directory(out)} already holds checkpoints (latest {found[-1].name}): "
+                "pass --resume auto to continue that run, or choose another --out"
+            )
         return None
     if resume == "auto":
         return found[-1] if found else None
     chosen = Path(resume)
     if found and chosen.resolve() != found[-1].resolve():
-        raise UsageError(f"--resume {resume} is not the latest checkpoint in {directory(out)} ({found[-1].name}); "
-                         "resuming from it would overwrite newer ones: choose another --out")
+        raise UsageError(
+            f"--resume {resume} is not the latest checkpoint in {directory(out)} ({found[-1].name}); "
+            "resuming from it would overwrite newer ones: choose another --out"
+        )
     return chosen
 
 
@@ -72,11 +76,15 @@ def load(path: Path) -> dict:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises many types for a truncated or foreign file
         reason = (str(error).strip() or type(error).__name__).splitlines()[0].split(". ")[0][:160]
-        raise UsageError(f"checkpoint {path} is unreadable ({reason}): move it away (--resume auto then "
-                         "takes the one before it) or choose another --out") from None
+        raise UsageError(
+            f"checkpoint {path} is unreadable ({reason}): move it away (--resume auto then "
+            "takes the one before it) or choose another --out"
+        ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise UsageError(f"checkpoint {path} is not a ddp-cluster checkpoint of format {FORMAT}: "
-                         "choose another --out or --resume file")
+        raise UsageError(
+            f"checkpoint {path} is not a ddp-cluster checkpoint of format {FORMAT}: "
+            "choose another --out or --resume file"
+        )
     return state
 
 
@@ -85,5 +93,7 @@ def check_identity(path: Path, saved: dict, wanted: dict) -> None:
     for key, value in wanted.items():
         have = saved.get(key)
         if have != value:
-            raise UsageError(f"checkpoint {path} was made with {key} {have!r}, this run has {value!r}: "
-                             f"pass the same --{key.replace('_', '-')} or choose another --out")
+            raise UsageError(
+                f"checkpoint {path} was made with {key} {have!r}, this run has {value!r}: "
+                f"pass the same --{key.replace('_', '-')} or choose another --out"
+            )

@@ -66,12 +66,16 @@ class DataConfig:
         _one_of("--dataset", self.dataset, DATASETS)
         _one_of("--loader", self.loader, LOADERS)
         if self.dataset in ("mnist", "cifar10") and self.data_dir is None:
-            raise UsageError(f"--dataset {self.dataset} reads files: pass --data-dir DIR "
-                             "(add --download to fetch them)")
+            raise UsageError(
+                f"--dataset {self.dataset} reads files: pass --data-dir DIR (add --download to fetch them)"
+            )
         if self.data_dir is not None and not self.download and not Path(self.data_dir).is_dir():
             raise UsageError(f"--data-dir {self.data_dir} is not a directory: create it or add --download")
-        for flag, value in (("--num-classes", self.num_classes), ("--train-samples", self.train_samples),
-                            ("--test-samples", self.test_samples)):
+        for flag, value in (
+            ("--num-classes", self.num_classes),
+            ("--train-samples", self.train_samples),
+            ("--test-samples", self.test_samples),
+        ):
             _positive(flag, value)
         if self.num_classes < 2:
             raise UsageError(f"--num-classes {self.num_classes} must be >= 2")
@@ -109,8 +113,11 @@ class OptimConfig:
         _one_of("--precision", self.precision, PRECISIONS)
         _positive("--lr", self.lr)
         _non_negative("--weight-decay", self.weight_decay)
-        for flag, value in (("--batch-size", self.batch_size), ("--accum-steps", self.accum_steps),
-                            ("--epochs", self.epochs)):
+        for flag, value in (
+            ("--batch-size", self.batch_size),
+            ("--accum-steps", self.accum_steps),
+            ("--epochs", self.epochs),
+        ):
             if value < 1:
                 raise UsageError(f"{flag} {value} must be >= 1")
         _non_negative("--max-steps", self.max_steps)
@@ -155,9 +162,12 @@ class RunConfig:
     """Testing aid: which rank crashes at crash_at_step."""
 
     def __post_init__(self) -> None:
-        for flag, value in (("--checkpoint-every", self.checkpoint_every),
-                            ("--checkpoint-every-epochs", self.checkpoint_every_epochs),
-                            ("--crash-at-step", self.crash_at_step), ("--crash-rank", self.crash_rank)):
+        for flag, value in (
+            ("--checkpoint-every", self.checkpoint_every),
+            ("--checkpoint-every-epochs", self.checkpoint_every_epochs),
+            ("--crash-at-step", self.crash_at_step),
+            ("--crash-rank", self.crash_rank),
+        ):
             _non_negative(flag, value)
         if self.keep_checkpoints < 1:
             raise UsageError(f"--keep-checkpoints {self.keep_checkpoints} must be >= 1")

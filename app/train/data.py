@@ -59,8 +59,9 @@ def load_digits(seed: int = 0) -> Dataset:
     bunch = sk_digits()
     x = torch.tensor(bunch.data, dtype=torch.float32).view(-1, 1, 8, 8) / 16.0
     y = torch.tensor(bunch.target, dtype=torch.int64)
-    train_idx, test_idx = train_test_split(torch.arange(len(y)).numpy(), test_size=0.2, random_state=seed,
-                                           stratify=y.numpy())
+    train_idx, test_idx = train_test_split(
+        torch.arange(len(y)).numpy(), test_size=0.2, random_state=seed, stratify=y.numpy()
+    )
     train_idx, test_idx = torch.from_numpy(train_idx), torch.from_numpy(test_idx)
     mean, std = x[train_idx].mean().item(), x[train_idx].std().item()
     x = _normalise(x, (mean,), (std,))
@@ -82,8 +83,10 @@ def _torchvision():
     try:
         import torchvision
     except ImportError as error:
-        raise UsageError(f"this needs torchvision, which does not import here ({error}): "
-                         "install the torchvision that matches torch, or use --dataset digits") from None
+        raise UsageError(
+            f"this needs torchvision, which does not import here ({error}): "
+            "install the torchvision that matches torch, or use --dataset digits"
+        ) from None
     return torchvision
 
 
@@ -91,8 +94,10 @@ def _torchvision_split(cls, root: Path, train: bool, download: bool, layout: str
     try:
         return cls(root=str(root), train=train, download=download)
     except RuntimeError as error:
-        raise UsageError(f"{cls.__name__} files not found under {root} ({str(error).splitlines()[0]}): "
-                         f"put them in {root}/{layout} or add --download") from None
+        raise UsageError(
+            f"{cls.__name__} files not found under {root} ({str(error).splitlines()[0]}): "
+            f"put them in {root}/{layout} or add --download"
+        ) from None
 
 
 def load_mnist(root: Path, download: bool) -> Dataset:

@@ -33,8 +33,17 @@ def eval_indices(n: int, rank: int, world: int) -> torch.Tensor:
 class TrainLoader:
     """The training batches of one rank, epoch by epoch."""
 
-    def __init__(self, split: Split, rank: int, world: int, batch_size: int, seed: int,
-                 device: torch.device, kind: str = "memory", workers: int = 0) -> None:
+    def __init__(
+        self,
+        split: Split,
+        rank: int,
+        world: int,
+        batch_size: int,
+        seed: int,
+        device: torch.device,
+        kind: str = "memory",
+        workers: int = 0,
+    ) -> None:
         self.rank, self.world, self.batch_size, self.seed = rank, world, batch_size, seed
         self.device, self.kind, self.workers = device, kind, workers
         self.split = split if kind == "dataloader" else Split(split.x.to(device), split.y.to(device))
@@ -53,7 +62,7 @@ class TrainLoader:
     def _memory(self, epoch: int, start: int) -> Iterator[Batch]:
         order = rank_indices(len(self.split), self.rank, self.world, self.seed, epoch).to(self.device)
         for i in range(start, len(self)):
-            idx = order[i * self.batch_size:(i + 1) * self.batch_size]
+            idx = order[i * self.batch_size : (i + 1) * self.batch_size]
             yield self.split.x.index_select(0, idx), self.split.y.index_select(0, idx)
 
     def _dataloader(self, epoch: int) -> Iterator[Batch]:
@@ -61,8 +70,9 @@ class TrainLoader:
         sampler = DistributedSampler(dataset, num_replicas=self.world, rank=self.rank, shuffle=True, seed=self.seed)
         sampler.set_epoch(epoch)
         pin = self.device.type == "cuda"
-        loader = DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, num_workers=self.workers,
-                            pin_memory=pin)
+        loader = DataLoader(
+            dataset, batch_size=self.batch_size, sampler=sampler, num_workers=self.workers, pin_memory=pin
+        )
         for x, y in loader:
             yield x.to(self.device, non_blocking=pin), y.to(self.device, non_blocking=pin)
 

@@ -33,16 +33,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m app train`` (stable: --dataset --model --epochs --out --resume)."""
     d, o, k, r = DataConfig(), OptimConfig(), DDPConfig(), RunConfig()
     g = parser.add_argument_group("data")
-    g.add_argument("--dataset", default=d.dataset, help=f"{' | '.join(DATASETS)} (default {d.dataset}: "
-                   "scikit-learn's handwritten digits, no network needed)")
+    g.add_argument(
+        "--dataset",
+        default=d.dataset,
+        help=f"{' | '.join(DATASETS)} (default {d.dataset}: scikit-learn's handwritten digits, no network needed)",
+    )
     g.add_argument("--data-dir", type=Path, help="folder with MNIST/raw/ or cifar-10-batches-py/ (mnist, cifar10)")
     g.add_argument("--download", action="store_true", help="download mnist/cifar10 into --data-dir when missing")
     g.add_argument("--input-shape", default="1x28x28", help="synthetic sample shape CxHxW (default 1x28x28)")
     g.add_argument("--num-classes", type=int, default=d.num_classes, help="synthetic classes (default 10)")
     g.add_argument("--train-samples", type=int, default=d.train_samples, help="synthetic training samples")
     g.add_argument("--test-samples", type=int, default=d.test_samples, help="synthetic test samples")
-    g.add_argument("--loader", default=d.loader, help=f"{' | '.join(LOADERS)}: batches indexed from memory "
-                   "(default, fast) or torch DataLoader (workers, pinned memory on GPU)")
+    g.add_argument(
+        "--loader",
+        default=d.loader,
+        help=f"{' | '.join(LOADERS)}: batches indexed from memory "
+        "(default, fast) or torch DataLoader (workers, pinned memory on GPU)",
+    )
     g.add_argument("--workers", type=int, default=d.workers, help="DataLoader workers with --loader dataloader")
     g = parser.add_argument_group("model and optimisation")
     g.add_argument("--model", default=o.model, help=f"{' | '.join(MODELS)} (default {o.model}, the seed's 784-256-10)")
@@ -50,28 +57,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--lr", type=float, default=o.lr, help=f"learning rate (default {o.lr:g})")
     g.add_argument("--weight-decay", type=float, default=o.weight_decay, help="weight decay (default 0)")
     g.add_argument("--batch-size", type=int, default=o.batch_size, help=f"per-rank batch (default {o.batch_size})")
-    g.add_argument("--accum-steps", type=int, default=o.accum_steps,
-                   help="micro-batches per optimizer step; all-reduce on the last only (default 1)")
+    g.add_argument(
+        "--accum-steps",
+        type=int,
+        default=o.accum_steps,
+        help="micro-batches per optimizer step; all-reduce on the last only (default 1)",
+    )
     g.add_argument("--epochs", type=int, default=o.epochs, help=f"epochs (default {o.epochs})")
     g.add_argument("--max-steps", type=int, default=o.max_steps, help="stop after N optimizer steps (0: no limit)")
     g.add_argument("--precision", default=o.precision, help=f"{' | '.join(PRECISIONS)} (default fp32; fp16 needs CUDA)")
     g.add_argument("--seed", type=int, default=o.seed, help="seed of weights, synthetic data and shuffle (default 0)")
     g = parser.add_argument_group("DDP")
     g.add_argument("--bucket-cap-mb", type=float, default=k.bucket_cap_mb, help="gradient bucket MiB (default 25)")
-    g.add_argument("--gradient-as-bucket-view", action=argparse.BooleanOptionalAction,
-                   default=k.gradient_as_bucket_view, help="gradients alias the buckets (default on)")
-    g.add_argument("--static-graph", action=argparse.BooleanOptionalAction, default=k.static_graph,
-                   help="the same graph every step (default on)")
+    g.add_argument(
+        "--gradient-as-bucket-view",
+        action=argparse.BooleanOptionalAction,
+        default=k.gradient_as_bucket_view,
+        help="gradients alias the buckets (default on)",
+    )
+    g.add_argument(
+        "--static-graph",
+        action=argparse.BooleanOptionalAction,
+        default=k.static_graph,
+        help="the same graph every step (default on)",
+    )
     g.add_argument("--sync-bn", action="store_true", help="BatchNorm -> SyncBatchNorm (CUDA)")
     g = parser.add_argument_group("output and checkpoints")
-    g.add_argument("--out", type=Path, default=r.out, help=f"output folder (default {r.out}/): checkpoints/, "
-                   "metrics.jsonl, summary.json")
-    g.add_argument("--resume", default=r.resume, help="none (default; refuses to overwrite checkpoints), "
-                   "auto (latest in OUT/checkpoints, if any) or PATH")
-    g.add_argument("--checkpoint-every", type=int, default=r.checkpoint_every,
-                   help="also checkpoint every N optimizer steps (default 0: epoch ends and the end)")
-    g.add_argument("--checkpoint-every-epochs", type=int, default=r.checkpoint_every_epochs,
-                   help="checkpoint every N epochs (default 1; 0: only the end)")
+    g.add_argument(
+        "--out",
+        type=Path,
+        default=r.out,
+        help=f"output folder (default {r.out}/): checkpoints/, metrics.jsonl, summary.json",
+    )
+    g.add_argument(
+        "--resume",
+        default=r.resume,
+        help="none (default; refuses to overwrite checkpoints), auto (latest in OUT/checkpoints, if any) or PATH",
+    )
+    g.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=r.checkpoint_every,
+        help="also checkpoint every N optimizer steps (default 0: epoch ends and the end)",
+    )
+    g.add_argument(
+        "--checkpoint-every-epochs",
+        type=int,
+        default=r.checkpoint_every_epochs,
+        help="checkpoint every N epochs (default 1; 0: only the end)",
+    )
     g.add_argument("--keep-checkpoints", type=int, default=r.keep_checkpoints, help="newest to keep (default 3)")
     g.add_argument("--quiet", action="store_true", help="print only the final summary line")
     g.add_argument("--crash-at-step", type=int, default=0, help=argparse.SUPPRESS)
@@ -82,18 +116,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The TrainConfig the flags describe (raises UsageError on a bad value)."""
     return TrainConfig(
-        data=DataConfig(dataset=args.dataset, data_dir=args.data_dir, download=args.download,
-                        input_shape=parse_shape(args.input_shape), num_classes=args.num_classes,
-                        train_samples=args.train_samples, test_samples=args.test_samples, loader=args.loader,
-                        workers=args.workers),
-        optim=OptimConfig(model=args.model, optimizer=args.optimizer, lr=args.lr, weight_decay=args.weight_decay,
-                          batch_size=args.batch_size, accum_steps=args.accum_steps, epochs=args.epochs,
-                          max_steps=args.max_steps, precision=args.precision, seed=args.seed),
-        ddp=DDPConfig(bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=args.gradient_as_bucket_view,
-                      static_graph=args.static_graph, sync_bn=args.sync_bn),
-        run=RunConfig(out=args.out, resume=args.resume, checkpoint_every=args.checkpoint_every,
-                      checkpoint_every_epochs=args.checkpoint_every_epochs, keep_checkpoints=args.keep_checkpoints,
-                      quiet=args.quiet, crash_at_step=args.crash_at_step, crash_rank=args.crash_rank),
+        data=DataConfig(
+            dataset=args.dataset,
+            data_dir=args.data_dir,
+            download=args.download,
+            input_shape=parse_shape(args.input_shape),
+            num_classes=args.num_classes,
+            train_samples=args.train_samples,
+            test_samples=args.test_samples,
+            loader=args.loader,
+            workers=args.workers,
+        ),
+        optim=OptimConfig(
+            model=args.model,
+            optimizer=args.optimizer,
+            lr=args.lr,
+            weight_decay=args.weight_decay,
+            batch_size=args.batch_size,
+            accum_steps=args.accum_steps,
+            epochs=args.epochs,
+            max_steps=args.max_steps,
+            precision=args.precision,
+            seed=args.seed,
+        ),
+        ddp=DDPConfig(
+            bucket_cap_mb=args.bucket_cap_mb,
+            gradient_as_bucket_view=args.gradient_as_bucket_view,
+            static_graph=args.static_graph,
+            sync_bn=args.sync_bn,
+        ),
+        run=RunConfig(
+            out=args.out,
+            resume=args.resume,
+            checkpoint_every=args.checkpoint_every,
+            checkpoint_every_epochs=args.checkpoint_every_epochs,
+            keep_checkpoints=args.keep_checkpoints,
+            quiet=args.quiet,
+            crash_at_step=args.crash_at_step,
+            crash_rank=args.crash_rank,
+        ),
     )
 
 
@@ -117,8 +178,9 @@ def _resume_state(cfg: TrainConfig, identity: dict) -> tuple[dict, str] | None:
     return state, str(path)
 
 
-def train(cfg: TrainConfig, proc: ProcessInfo, args: argparse.Namespace,
-          prepare: Callable[[Trainer], None] | None = None) -> dict:
+def train(
+    cfg: TrainConfig, proc: ProcessInfo, args: argparse.Namespace, prepare: Callable[[Trainer], None] | None = None
+) -> dict:
     """Join the group, train, and return the summary (the same on every rank).
 
     prepare: called with the Trainer before training starts (e.g. to register a DDP comm hook).
@@ -142,6 +204,8 @@ def run(args: argparse.Namespace) -> int:
     proc = launcher.detect(need_master=args.init_method is None)
     summary = train(cfg, proc, args)
     if not summary["params_identical"]:
-        raise ClusterError(f"parameters differ across ranks after training (max difference "
-                           f"{summary['param_spread']:g}): a rank diverged; check the backend and the devices")
+        raise ClusterError(
+            f"parameters differ across ranks after training (max difference "
+            f"{summary['param_spread']:g}): a rank diverged; check the backend and the devices"
+        )
     return 0

@@ -17,9 +17,16 @@ def mlp(num_classes: int = 10) -> nn.Module:
 def cnn(channels: int, num_classes: int = 10) -> nn.Module:
     """Two 3x3 conv + BatchNorm + ReLU blocks, a max pool, a 4x4 average pool, a linear head."""
     return nn.Sequential(
-        nn.Conv2d(channels, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
-        nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
-        nn.MaxPool2d(2), nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(64 * 16, num_classes),
+        nn.Conv2d(channels, 32, 3, padding=1, bias=False),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1, bias=False),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(),
+        nn.Linear(64 * 16, num_classes),
     )
 
 
@@ -28,8 +35,10 @@ def resnet18(num_classes: int = 10) -> nn.Module:
     try:
         from torchvision.models import resnet18 as tv_resnet18
     except ImportError as error:
-        raise UsageError(f"--model resnet18 needs torchvision, which does not import here ({error}): "
-                         "install the torchvision that matches torch, or use --model mlp or cnn") from None
+        raise UsageError(
+            f"--model resnet18 needs torchvision, which does not import here ({error}): "
+            "install the torchvision that matches torch, or use --model mlp or cnn"
+        ) from None
     return tv_resnet18(weights=None, num_classes=num_classes)
 
 

@@ -32,8 +32,10 @@ class Precision:
 def check_supported(name: str, device: torch.device, bf16_supported: bool | None = None) -> None:
     """Raise UsageError when ``name`` cannot run on ``device``."""
     if name == "fp16" and device.type != "cuda":
-        raise UsageError("--precision fp16 needs a CUDA GPU (GradScaler on CPU is not supported here): "
-                         "use --precision bf16 or fp32 on CPU")
+        raise UsageError(
+            "--precision fp16 needs a CUDA GPU (GradScaler on CPU is not supported here): "
+            "use --precision bf16 or fp32 on CPU"
+        )
     if name == "bf16" and device.type == "cuda":
         supported = torch.cuda.is_bf16_supported() if bf16_supported is None else bf16_supported
         if not supported:

@@ -51,8 +51,9 @@ class Reporter:
         self._last_bar = now
         filled = BAR_WIDTH * done // max(total, 1)
         loss_text = f" loss {loss:.4f}" if loss is not None else ""
-        self.stream.write(f"\r\033[Kepoch {epoch + 1}/{epochs} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] "
-                          f"{done}/{total}{loss_text}")
+        self.stream.write(
+            f"\r\033[Kepoch {epoch + 1}/{epochs} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {done}/{total}{loss_text}"
+        )
         self.stream.flush()
 
     def epoch(self, record: dict) -> None:
@@ -72,13 +73,17 @@ class Reporter:
 
 
 def format_epoch(r: dict) -> str:
-    return (f"epoch {r['epoch'] + 1}/{r['epochs']}  train loss {r['train_loss']:.4f}  "
-            f"test loss {r['test_loss']:.4f}  acc {100 * r['test_accuracy']:.2f}% "
-            f"({r['test_correct']}/{r['test_samples']})  {r['samples_per_s']:.0f} samples/s  "
-            f"step {r['step_ms']:.2f} ms")
+    return (
+        f"epoch {r['epoch'] + 1}/{r['epochs']}  train loss {r['train_loss']:.4f}  "
+        f"test loss {r['test_loss']:.4f}  acc {100 * r['test_accuracy']:.2f}% "
+        f"({r['test_correct']}/{r['test_samples']})  {r['samples_per_s']:.0f} samples/s  "
+        f"step {r['step_ms']:.2f} ms"
+    )
 
 
 def format_summary(s: dict) -> str:
     same = "identical on all ranks" if s["params_identical"] else f"DIFFER across ranks (max {s['param_spread']:g})"
-    return (f"done: {s['step']} steps, {s['epochs_completed']} epochs, test acc {100 * s['test_accuracy']:.2f}%, "
-            f"{s['samples_per_s']:.0f} samples/s, params {same}; summary in {s['summary_path']}")
+    return (
+        f"done: {s['step']} steps, {s['epochs_completed']} epochs, test acc {100 * s['test_accuracy']:.2f}%, "
+        f"{s['samples_per_s']:.0f} samples/s, params {same}; summary in {s['summary_path']}"
+    )

@@ -60,12 +60,17 @@ def wrap_ddp(model: nn.Module, ctx: DistContext, cfg: TrainConfig) -> DDP:
     """DDP with the configured buckets; BatchNorm -> SyncBatchNorm when asked."""
     if cfg.ddp.sync_bn:
         if ctx.device.type != "cuda" and ctx.proc.world_size > 1:
-            raise UsageError("--sync-bn needs CUDA devices (SyncBatchNorm has no CPU implementation): "
-                             "drop --sync-bn on CPU")
+            raise UsageError(
+                "--sync-bn needs CUDA devices (SyncBatchNorm has no CPU implementation): drop --sync-bn on CPU"
+            )
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    return DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-               bucket_cap_mb=cfg.ddp.bucket_cap_mb, gradient_as_bucket_view=cfg.ddp.gradient_as_bucket_view,
-               static_graph=static_graph(cfg))
+    return DDP(
+        model,
+        device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+        bucket_cap_mb=cfg.ddp.bucket_cap_mb,
+        gradient_as_bucket_view=cfg.ddp.gradient_as_bucket_view,
+        static_graph=static_graph(cfg),
+    )
 
 
 class Trainer:
@@ -81,8 +86,9 @@ class Trainer:
         self.ddp = wrap_ddp(self.model, ctx, cfg)
         self.model = self.ddp.module
         self.optimizer = build_optimizer(o.optimizer, self.model.parameters(), o.lr, o.weight_decay)
-        self.loader = TrainLoader(data.train, self.rank, self.world, o.batch_size, o.seed, ctx.device,
-                                  cfg.data.loader, cfg.data.workers)
+        self.loader = TrainLoader(
+            data.train, self.rank, self.world, o.batch_size, o.seed, ctx.device, cfg.data.loader, cfg.data.workers
+        )
         self.pos = Position()
         self.resumed_from: str | None = None
         self._saved_step = -1
@@ -92,15 +98,29 @@ class Trainer:
     @property
     def identity(self) -> dict:
         """What a checkpoint must match to be resumed by this run."""
-        return {"model": self.cfg.optim.model, "dataset": self.data.name, "input_shape": list(self.data.shape),
-                "num_classes": self.data.num_classes}
+        return {
+            "model": self.cfg.optim.model,
+            "dataset": self.data.name,
+            "input_shape": list(self.data.shape),
+            "num_classes": self.data.num_classes,
+        }
 
     def _state(self, rng: list[torch.Tensor]) -> dict:
         o, scaler = self.cfg.optim, self.precision.scaler
-        return {**self.identity, "model_state": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scaler": scaler.state_dict() if scaler else {}, "epoch": self.pos.epoch, "batch": self.pos.batch,
-                "step": self.pos.step, "world_size": self.world, "batch_size": o.batch_size,
-                "accum_steps": o.accum_steps, "seed": o.seed, "rng": rng}
+        return {
+            **self.identity,
+            "model_state": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": scaler.state_dict() if scaler else {},
+            "epoch": self.pos.epoch,
+            "batch": self.pos.batch,
+            "step": self.pos.step,
+            "world_size": self.world,
+            "batch_size": o.batch_size,
+            "accum_steps": o.accum_steps,
+            "seed": o.seed,
+            "rng": rng,
+        }
 
     def restore(self, state: dict, source: str) -> None:
         """Continue from a checkpoint's state (already checked against ``identity``)."""
@@ -109,8 +129,10 @@ class Trainer:
             self.model.load_state_dict(state["model_state"])
             self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, KeyError, ValueError) as error:
-            raise UsageError(f"checkpoint {source} does not fit this model ({str(error).splitlines()[0][:200]}): "
-                             "choose another --out") from None
+            raise UsageError(
+                f"checkpoint {source} does not fit this model ({str(error).splitlines()[0][:200]}): "
+                "choose another --out"
+            ) from None
         if self.precision.scaler and state.get("scaler"):
             self.precision.scaler.load_state_dict(state["scaler"])
         rng = state["rng"]
@@ -127,7 +149,8 @@ class Trainer:
         if have != (self.world, o.batch_size, o.accum_steps, o.seed):
             raise UsageError(
                 f"checkpoint {source} was taken mid-epoch with world size {have[0]}, --batch-size {have[1]}, "
-                f"--accum-steps {have[2]}, --seed {have[3]}: resume with the same values")
+                f"--accum-steps {have[2]}, --seed {have[3]}: resume with the same values"
+            )
 
     def _save(self) -> None:
         """Checkpoint the current position (a collective: every rank calls it; rank 0 writes)."""
@@ -163,7 +186,7 @@ class Trainer:
         run, step = self.cfg.run, self.pos.step
         if run.checkpoint_every and step % run.checkpoint_every == 0:
             self._save()
-        if (run.crash_at_step == step and run.crash_rank == self.rank and launcher.restart_count() == 0):
+        if run.crash_at_step == step and run.crash_rank == self.rank and launcher.restart_count() == 0:
             os._exit(CRASH_EXIT_CODE)  # like a killed process: no cleanup, no goodbye to the peers
         return not (self.cfg.optim.max_steps and step >= self.cfg.optim.max_steps)
 
@@ -180,8 +203,9 @@ class Trainer:
             loss = self._run_batch(x, y, boundary, 1.0 / group_size)
             loss_sum += loss * y.shape[0]
             samples += y.shape[0]
-            self.reporter.progress(epoch, self.cfg.optim.epochs, i + 1, total,
-                                   loss.item() if self.reporter.tty else None)
+            self.reporter.progress(
+                epoch, self.cfg.optim.epochs, i + 1, total, loss.item() if self.reporter.tty else None
+            )
             if boundary:
                 self._optimizer_step()
                 steps += 1
@@ -213,17 +237,29 @@ class Trainer:
             count += y.shape[0]
         self.model.train()
         loss_sum, correct, count = collective.all_sum([loss_sum, correct, count], self.ctx.device)
-        return {"test_loss": loss_sum / max(count, 1), "test_accuracy": correct / max(count, 1),
-                "test_correct": int(correct), "test_samples": int(count)}
+        return {
+            "test_loss": loss_sum / max(count, 1),
+            "test_accuracy": correct / max(count, 1),
+            "test_correct": int(correct),
+            "test_samples": int(count),
+        }
 
     def _epoch_record(self, epoch: int, stats: dict) -> dict:
         loss_sum, samples, steps, seconds = collective.all_sum(
-            [stats["loss_sum"], stats["samples"], stats["steps"], stats["seconds"]], self.ctx.device)
+            [stats["loss_sum"], stats["samples"], stats["steps"], stats["seconds"]], self.ctx.device
+        )
         seconds /= self.world
-        return {"epoch": epoch, "epochs": self.cfg.optim.epochs, "step": self.pos.step,
-                "train_loss": loss_sum / max(samples, 1), "train_samples": int(samples),
-                "samples_per_s": samples / seconds if seconds > 0 else 0.0,
-                "step_ms": 1000 * seconds / max(steps / self.world, 1), "seconds": seconds, **self.evaluate()}
+        return {
+            "epoch": epoch,
+            "epochs": self.cfg.optim.epochs,
+            "step": self.pos.step,
+            "train_loss": loss_sum / max(samples, 1),
+            "train_samples": int(samples),
+            "samples_per_s": samples / seconds if seconds > 0 else 0.0,
+            "step_ms": 1000 * seconds / max(steps / self.world, 1),
+            "seconds": seconds,
+            **self.evaluate(),
+        }
 
     def fit(self) -> dict:
         """Train to the end (or --max-steps) and return the summary; rank 0 reports and saves."""
@@ -250,31 +286,52 @@ class Trainer:
         spread = collective.param_spread(self.model)
         out = self.cfg.run.out
         return {
-            **self.describe(), "step": self.pos.step, "epochs_completed": self.pos.epoch,
-            "test_loss": last["test_loss"], "test_accuracy": last["test_accuracy"],
-            "test_correct": last["test_correct"], "test_samples": last["test_samples"],
+            **self.describe(),
+            "step": self.pos.step,
+            "epochs_completed": self.pos.epoch,
+            "test_loss": last["test_loss"],
+            "test_accuracy": last["test_accuracy"],
+            "test_correct": last["test_correct"],
+            "test_samples": last["test_samples"],
             "samples_per_s": totals["samples"] / totals["seconds"] if totals["seconds"] else 0.0,
-            "train_seconds": totals["seconds"], "params_identical": spread == 0.0, "param_spread": spread,
+            "train_seconds": totals["seconds"],
+            "params_identical": spread == 0.0,
+            "param_spread": spread,
             "resumed_from": self.resumed_from,
-            "checkpoint": str(checkpoint.path_for(out, self.pos.step)), "summary_path": str(out / "summary.json"),
+            "checkpoint": str(checkpoint.path_for(out, self.pos.step)),
+            "summary_path": str(out / "summary.json"),
         }
 
     def describe(self) -> dict:
         """The run's shape, for the banner, metrics.jsonl and the summary."""
         o, p = self.cfg.optim, self.ctx.proc
-        return {"model": o.model, "dataset": self.data.name, "world_size": p.world_size, "nodes": p.num_nodes,
-                "launcher": p.launcher.value, "backend": self.ctx.backend, "device": str(self.ctx.device),
-                "batch_size": o.batch_size, "accum_steps": o.accum_steps,
-                "global_batch": o.batch_size * p.world_size * o.accum_steps, "precision": o.precision,
-                "optimizer": o.optimizer, "lr": o.lr, "static_graph": static_graph(self.cfg), "epochs": o.epochs,
-                "train_samples": len(self.data.train),
-                "test_samples": len(self.data.test)}
+        return {
+            "model": o.model,
+            "dataset": self.data.name,
+            "world_size": p.world_size,
+            "nodes": p.num_nodes,
+            "launcher": p.launcher.value,
+            "backend": self.ctx.backend,
+            "device": str(self.ctx.device),
+            "batch_size": o.batch_size,
+            "accum_steps": o.accum_steps,
+            "global_batch": o.batch_size * p.world_size * o.accum_steps,
+            "precision": o.precision,
+            "optimizer": o.optimizer,
+            "lr": o.lr,
+            "static_graph": static_graph(self.cfg),
+            "epochs": o.epochs,
+            "train_samples": len(self.data.train),
+            "test_samples": len(self.data.test),
+        }
 
     def banner(self) -> str:
         d = self.describe()
         resumed = f", resumed from {self.resumed_from} at step {self.pos.step}" if self.resumed_from else ""
-        return (f"train: {d['model']} on {d['dataset']} ({d['train_samples']} train / {d['test_samples']} test), "
-                f"{d['world_size']} rank(s) on {d['nodes']} node(s), per-rank batch {d['batch_size']} x "
-                f"{d['world_size']} ranks x accum {d['accum_steps']} = global batch {d['global_batch']}, "
-                f"{d['precision']}, {d['backend']} on {d['device']}, {math.ceil(len(self.loader) / d['accum_steps'])}"
-                f" steps/epoch{resumed}")
+        return (
+            f"train: {d['model']} on {d['dataset']} ({d['train_samples']} train / {d['test_samples']} test), "
+            f"{d['world_size']} rank(s) on {d['nodes']} node(s), per-rank batch {d['batch_size']} x "
+            f"{d['world_size']} ranks x accum {d['accum_steps']} = global batch {d['global_batch']}, "
+            f"{d['precision']}, {d['backend']} on {d['device']}, {math.ceil(len(self.loader) / d['accum_steps'])}"
+            f" steps/epoch{resumed}"
+        )

@@ -17,8 +17,12 @@ STEPS = 8
 
 def _worker(tmp_path, name: str, *flags: str) -> list[dict]:
     out, counts = tmp_path / name, tmp_path / f"{name}-counts"
-    results = run_ranks(2, [*synthetic(out, *COMMON, *flags), "--counts", str(counts)], tmp_path,
-                        module="tests.integration.train_worker")
+    results = run_ranks(
+        2,
+        [*synthetic(out, *COMMON, *flags), "--counts", str(counts)],
+        tmp_path,
+        module="tests.integration.train_worker",
+    )
     for rank, done in enumerate(results):
         assert done.returncode == 0, f"rank {rank}: {done.stderr[-3000:]}"
     return [json.loads((counts / f"rank-{r}.json").read_text()) for r in range(2)]

@@ -10,8 +10,9 @@ pytestmark = pytest.mark.integration
 
 def test_mlp_on_digits_reaches_95_percent_on_two_ranks(tmp_path) -> None:
     out = tmp_path / "run"
-    results = run_ranks(2, ["train", "--dataset", "digits", "--model", "mlp", "--epochs", "12", "--out", str(out)],
-                        tmp_path)
+    results = run_ranks(
+        2, ["train", "--dataset", "digits", "--model", "mlp", "--epochs", "12", "--out", str(out)], tmp_path
+    )
     assert [r.returncode for r in results] == [0, 0], results[0].stderr[-3000:] + results[1].stderr[-3000:]
     s = summary(out)
     assert s["test_accuracy"] >= 0.95, s

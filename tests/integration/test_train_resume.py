@@ -12,8 +12,20 @@ from tests.integration.train_runs import final_params, metrics, summary, synthet
 pytestmark = pytest.mark.integration
 
 # 128 samples, batch 8 on 2 ranks: 8 steps per epoch, 16 in all; checkpoints at 5, 8, 10, 15, 16.
-COMMON = ["--train-samples", "128", "--test-samples", "32", "--epochs", "2", "--batch-size", "8",
-          "--checkpoint-every", "5", "--keep-checkpoints", "10"]
+COMMON = [
+    "--train-samples",
+    "128",
+    "--test-samples",
+    "32",
+    "--epochs",
+    "2",
+    "--batch-size",
+    "8",
+    "--checkpoint-every",
+    "5",
+    "--keep-checkpoints",
+    "10",
+]
 
 
 def _steps(out: Path) -> list[int]:
@@ -27,8 +39,10 @@ def test_killed_job_resumes_to_the_same_parameters(tmp_path) -> None:
     # Rank 1 dies abruptly after step 7 on the first attempt; torchrun restarts both ranks,
     # which continue from the latest checkpoint (step 5, in the middle of epoch 0).
     done = train_torchrun_restarting(
-        2, [*synthetic(crashed, *COMMON), "--resume", "auto", "--crash-at-step", "7", "--crash-rank", "1"],
-        max_restarts=1)
+        2,
+        [*synthetic(crashed, *COMMON), "--resume", "auto", "--crash-at-step", "7", "--crash-rank", "1"],
+        max_restarts=1,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"exitcode: {CRASH_EXIT_CODE}" in done.stderr, done.stderr[-3000:]  # the crash really happened
 

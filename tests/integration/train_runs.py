@@ -18,14 +18,16 @@ TIMEOUT = 240
 _rdzv_counter = itertools.count()
 
 
-def run_ranks(nproc: int, args: list[str], tmp_path: Path, module: str = "app",
-              timeout: float = TIMEOUT) -> list[subprocess.CompletedProcess]:
+def run_ranks(
+    nproc: int, args: list[str], tmp_path: Path, module: str = "app", timeout: float = TIMEOUT
+) -> list[subprocess.CompletedProcess]:
     """Start ``nproc`` processes of ``python -m MODULE ARGS`` as ranks of one job; wait for all."""
     rdzv = tmp_path / f"rdzv-{next(_rdzv_counter)}"
     procs = []
     for rank in range(nproc):
-        env = _clean_env({"RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank),
-                          "LOCAL_WORLD_SIZE": str(nproc)})
+        env = _clean_env(
+            {"RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(nproc)}
+        )
         cmd = [PYTHON, "-m", module, *args, "--init-method", f"file://{rdzv}"]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = []
@@ -76,6 +78,15 @@ def assert_params_close(a: dict, b: dict, rtol: float, atol: float) -> None:
 
 def train_torchrun_restarting(nproc: int, args: list[str], max_restarts: int) -> subprocess.CompletedProcess:
     """``torchrun --standalone --max-restarts N -m app train ARGS``: torchrun restarts failed ranks."""
-    cmd = [TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
-           "--monitor-interval=0.5", "-m", "app", "train", *args]
+    cmd = [
+        TORCHRUN,
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        f"--max-restarts={max_restarts}",
+        "--monitor-interval=0.5",
+        "-m",
+        "app",
+        "train",
+        *args,
+    ]
     return subprocess.run(cmd, env=_clean_env(), capture_output=True, text=True, timeout=TIMEOUT, check=False)

@@ -28,8 +28,9 @@ def main(argv: list[str]) -> int:
         return default_hooks.allreduce_hook(None, bucket)
 
     proc = launcher.detect(need_master=False)
-    summary = train(config_from_args(args), proc, args,
-                    prepare=lambda trainer: trainer.ddp.register_comm_hook(None, counting_hook))
+    summary = train(
+        config_from_args(args), proc, args, prepare=lambda trainer: trainer.ddp.register_comm_hook(None, counting_hook)
+    )
     args.counts.mkdir(parents=True, exist_ok=True)
     (args.counts / f"rank-{proc.rank}.json").write_text(json.dumps({**calls, "step": summary["step"]}))
     return 0

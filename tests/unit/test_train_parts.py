@@ -39,15 +39,27 @@ def test_precision_choices() -> None:
         precision.check_supported("bf16", torch.device("cuda", 0), bf16_supported=False)
 
 
-@pytest.mark.parametrize("name, cls", [("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW),
-                                       ("sgd", torch.optim.SGD)])
+@pytest.mark.parametrize(
+    "name, cls", [("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW), ("sgd", torch.optim.SGD)]
+)
 def test_optimizers_use_foreach(name: str, cls) -> None:
     opt = build_optimizer(name, torch.nn.Linear(2, 2).parameters(), 0.1, 0.0)
     assert type(opt) is cls and opt.param_groups[0]["foreach"] is True
 
 
-RECORD = {"epoch": 0, "epochs": 2, "step": 5, "train_loss": 1.5, "test_loss": 1.25, "test_accuracy": 0.5,
-          "test_correct": 9, "test_samples": 18, "samples_per_s": 1234.0, "step_ms": 2.5, "seconds": 1.0}
+RECORD = {
+    "epoch": 0,
+    "epochs": 2,
+    "step": 5,
+    "train_loss": 1.5,
+    "test_loss": 1.25,
+    "test_accuracy": 0.5,
+    "test_correct": 9,
+    "test_samples": 18,
+    "samples_per_s": 1234.0,
+    "step_ms": 2.5,
+    "seconds": 1.0,
+}
 
 
 def test_reporter_on_rank_0_prints_and_keeps_metrics(tmp_path) -> None:
