@@ -36,3 +36,13 @@ def test_bf16_autocast_trains_on_cpu(tmp_path) -> None:
     s = summary(out)
     assert s["precision"] == "bf16" and s["params_identical"] is True
     assert s["test_accuracy"] >= 0.9, s
+
+
+def test_cnn_with_batchnorm_dataloader_and_accumulation(tmp_path) -> None:
+    out = tmp_path / "cnn"
+    args = ["train", "--model", "cnn", "--loader", "dataloader", "--accum-steps", "2", "--batch-size", "32"]
+    results = run_ranks(2, [*args, "--epochs", "4", "--out", str(out), "--quiet"], tmp_path)
+    assert [r.returncode for r in results] == [0, 0], results[0].stderr[-3000:]
+    s = summary(out)
+    assert s["model"] == "cnn" and s["global_batch"] == 128 and s["static_graph"] is False
+    assert s["params_identical"] is True and s["test_accuracy"] >= 0.9, s

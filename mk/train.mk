@@ -1,0 +1,34 @@
+# Training workload: `app train` and `app bench` on local ranks, and the torchvision test suite.
+
+EPOCHS ?= 20
+OUT ?= runs/digits
+TRAIN_ARGS ?=
+BENCH_ARGS ?=
+TV_VENV ?= .venv-tv
+TV_SPEC ?= torch==2.14.1 torchvision==0.29.1
+
+EXTRA_TESTS += test-torchvision
+
+##@ Training
+
+.PHONY: train
+train: venv ## Train the seed MLP on digits on NPROC local ranks into OUT (resumes: --resume auto).
+	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m app train \
+	  --dataset digits --model mlp --epochs $(EPOCHS) --out $(OUT) --resume auto $(TRAIN_ARGS)
+
+.PHONY: bench
+bench: venv ## Samples/s of app train vs a plain tutorial DDP loop on NPROC ranks, and their ratio.
+	$(PY) -m app bench --nproc-per-node $(NPROC) $(BENCH_ARGS)
+
+$(TV_VENV)/.stamp: pyproject.toml
+	$(PYTHON) -m venv $(TV_VENV)
+	$(TV_VENV)/bin/python -m pip install --quiet $(TV_SPEC)
+	$(TV_VENV)/bin/python -m pip install --quiet numpy scikit-learn pytest pytest-timeout
+	touch $@
+
+.PHONY: venv-tv
+venv-tv: $(TV_VENV)/.stamp ## Create .venv-tv: torch 2.14.1 + torchvision 0.29.1 (about 5.5 GB).
+
+.PHONY: test-torchvision
+test-torchvision: venv-tv ## Tests that need torchvision (MNIST, CIFAR-10, ResNet-18), in .venv-tv.
+	$(TV_VENV)/bin/python -m pytest -m torchvision tests $(PYTEST_ARGS)
