@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "topology": ("app.topology", "render hostfile, env file and launcher arguments for a set of hosts"),
     "train": ("app.train", "train a model with DDP: digits/MNIST/CIFAR-10, checkpoints, --resume auto"),
     "bench": ("app.bench", "samples/s of app train vs a plain tutorial DDP loop, and the ratio"),
+    "deploy": ("app.deploy", "provision nodes and run the job across them with Ansible (ansible/deploy.yml)"),
 }
 
 
