@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -51,6 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=16384, help="synthetic training samples (default 16384)")
     parser.add_argument("--rounds", type=int, default=5, help="timed epochs of each loop, alternating (default 5)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    parser.add_argument("--sweep", action="store_true", help="also time app train with each speed knob changed")
+    parser.add_argument(
+        "--optimizer-impl", default=OptimConfig().optimizer_impl, help="app side: fused | foreach | loop"
+    )
     parser.add_argument("--loader", default=DataConfig().loader, help="app side: memory | dataloader")
     parser.add_argument("--bucket-cap-mb", type=float, default=k.bucket_cap_mb, help="app side: bucket MiB")
     parser.add_argument(
@@ -69,23 +74,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _child_argv(args: argparse.Namespace) -> list[str]:
-    argv = [
-        "--samples",
-        str(args.samples),
-        "--rounds",
-        str(args.rounds),
-        "--loader",
-        args.loader,
-        "--bucket-cap-mb",
-        str(args.bucket_cap_mb),
-        "--timeout",
-        str(args.timeout),
-        "--backend",
-        args.backend,
-        "--gradient-as-bucket-view" if args.gradient_as_bucket_view else "--no-gradient-as-bucket-view",
-        "--static-graph" if args.static_graph else "--no-static-graph",
-    ]
-    return argv + (["--json", args.json] if args.json else [])
+    """These flags again, for the ranks that _relaunch starts."""
+    values = {
+        "--samples": args.samples,
+        "--rounds": args.rounds,
+        "--loader": args.loader,
+        "--optimizer-impl": args.optimizer_impl,
+        "--bucket-cap-mb": args.bucket_cap_mb,
+        "--timeout": args.timeout,
+        "--backend": args.backend,
+    }
+    argv = [str(item) for pair in values.items() for item in pair]
+    argv.append("--gradient-as-bucket-view" if args.gradient_as_bucket_view else "--no-gradient-as-bucket-view")
+    argv.append("--static-graph" if args.static_graph else "--no-static-graph")
+    return argv + (["--json", args.json] if args.json else []) + (["--sweep"] if args.sweep else [])
 
 
 def _relaunch(args: argparse.Namespace) -> int:
@@ -109,11 +111,12 @@ def _relaunch(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> TrainConfig:
+    """app train's configuration: its defaults, or the knobs given on the command line."""
     return TrainConfig(
         data=DataConfig(
             dataset="synthetic", input_shape=SHAPE, train_samples=args.samples, test_samples=BATCH, loader=args.loader
         ),
-        optim=OptimConfig(model="mlp", batch_size=BATCH),
+        optim=OptimConfig(model="mlp", batch_size=BATCH, optimizer_impl=args.optimizer_impl),
         ddp=DDPConfig(
             bucket_cap_mb=args.bucket_cap_mb,
             gradient_as_bucket_view=args.gradient_as_bucket_view,
@@ -121,6 +124,22 @@ def _config(args: argparse.Namespace) -> TrainConfig:
         ),
         run=RunConfig(out=Path("."), quiet=True),
     )
+
+
+def variants(cfg: TrainConfig, sweep: bool) -> dict[str, TrainConfig]:
+    """The app configurations to time: ``cfg`` alone, or with --sweep each knob changed on its own."""
+    if not sweep:
+        return {"app": cfg}
+    d, o, k = cfg.data, cfg.optim, cfg.ddp
+    return {
+        "app": cfg,
+        "static_graph off": replace(cfg, ddp=replace(k, static_graph=False)),
+        "gradient_as_bucket_view off": replace(cfg, ddp=replace(k, gradient_as_bucket_view=False)),
+        "bucket_cap_mb 0.25 (2 buckets)": replace(cfg, ddp=replace(k, bucket_cap_mb=0.25)),
+        "optimizer foreach": replace(cfg, optim=replace(o, optimizer_impl="foreach")),
+        "optimizer loop": replace(cfg, optim=replace(o, optimizer_impl="loop")),
+        "loader dataloader": replace(cfg, data=replace(d, loader="dataloader")),
+    }
 
 
 class TutorialLoop:
@@ -162,32 +181,45 @@ def _rate(runner, epoch: int, ctx: DistContext) -> float:
     return total / float(slowest.item())
 
 
-def measure(ctx: DistContext, cfg: TrainConfig, rounds: int) -> dict:
-    """Warm both loops up, then alternate timed epochs; median samples/s of each."""
-    dataset = data.synthetic(cfg.data)
-    app = Trainer(cfg, ctx, dataset, Reporter(cfg.run.out, enabled=False))
-    tutorial = TutorialLoop(ctx, dataset.train)
-    rates: dict[str, list[float]] = {"tutorial": [], "app": []}
+def measure(ctx: DistContext, configs: dict[str, TrainConfig], rounds: int) -> dict:
+    """Warm every loop up, then time one epoch of each in turn, ``rounds`` times; medians."""
+    first = next(iter(configs.values()))
+    dataset = data.synthetic(first.data)
+    runners: dict = {"tutorial": TutorialLoop(ctx, dataset.train)}
+    runners |= {name: Trainer(cfg, ctx, dataset, Reporter(cfg.run.out, enabled=False)) for name, cfg in configs.items()}
+    rates: dict[str, list[float]] = {name: [] for name in runners}
     for epoch in range(rounds + 1):
-        for name, runner in (("tutorial", tutorial), ("app", app)):
+        for name, runner in runners.items():
             rate = _rate(runner, epoch, ctx)
             if epoch > 0:  # epoch 0 warms up
                 rates[name].append(rate)
-    tut, mine = statistics.median(rates["tutorial"]), statistics.median(rates["app"])
+    medians = {name: statistics.median(values) for name, values in rates.items()}
     return {
         "world_size": ctx.proc.world_size,
         "backend": ctx.backend,
         "device": str(ctx.device),
-        "samples": cfg.data.train_samples,
+        "samples": first.data.train_samples,
         "batch_per_rank": BATCH,
         "rounds": rounds,
         "threads_per_rank": torch.get_num_threads(),
-        "tutorial_samples_per_s": tut,
-        "app_samples_per_s": mine,
-        "ratio": mine / tut,
-        "app_settings": {"loader": cfg.data.loader, **vars(cfg.ddp)},
+        "tutorial_samples_per_s": medians["tutorial"],
+        "app_samples_per_s": medians["app"],
+        "ratio": medians["app"] / medians["tutorial"],
+        "app_settings": _settings(first),
+        "variants": {
+            name: {
+                "samples_per_s": medians[name],
+                "ratio": medians[name] / medians["tutorial"],
+                "settings": _settings(cfg),
+            }
+            for name, cfg in configs.items()
+        },
         "all_rates": rates,
     }
+
+
+def _settings(cfg: TrainConfig) -> dict:
+    return {"loader": cfg.data.loader, "optimizer_impl": cfg.optim.optimizer_impl, **vars(cfg.ddp)}
 
 
 def format_report(r: dict) -> str:
@@ -195,18 +227,22 @@ def format_report(r: dict) -> str:
     ranks = f"{r['world_size']} ranks ({r['backend']} on {r['device']}, {r['threads_per_rank']} thread(s) each)"
     data = f"{r['samples']} synthetic samples, median of {r['rounds']} epochs"
     app = (
-        f"loader {s['loader']}, bucket {s['bucket_cap_mb']:g} MiB, "
+        f"loader {s['loader']}, {s['optimizer_impl']} Adam, bucket {s['bucket_cap_mb']:g} MiB, "
         f"gradient_as_bucket_view {s['gradient_as_bucket_view']}, static_graph {s['static_graph']}"
     )
-    return "\n".join(
-        [
-            f"bench: {ranks}, mlp, batch {r['batch_per_rank']}/rank, {data}",
-            f"  tutorial loop (DataLoader + DistributedSampler, Adam, DDP defaults): "
-            f"{r['tutorial_samples_per_s']:8.0f} samples/s",
-            f"  app train ({app}): {r['app_samples_per_s']:8.0f} samples/s",
-            f"  ratio app/tutorial: {r['ratio']:.2f}x",
-        ]
-    )
+    lines = [
+        f"bench: {ranks}, mlp, batch {r['batch_per_rank']}/rank, {data}",
+        f"  {'tutorial loop (DataLoader, DistributedSampler, Adam, DDP defaults)':<68} "
+        f"{r['tutorial_samples_per_s']:8.0f} samples/s",
+        f"  {'app train':<68} {r['app_samples_per_s']:8.0f} samples/s  {r['ratio']:.2f}x",
+    ]
+    lines += [
+        f"  {'app train, ' + name:<68} {v['samples_per_s']:8.0f} samples/s  {v['ratio']:.2f}x"
+        for name, v in r["variants"].items()
+        if name != "app"
+    ]
+    lines += [f"  app train settings: {app}", f"ratio app/tutorial: {r['ratio']:.2f}x"]
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -218,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
     if proc.world_size == 1 and args.nproc_per_node > 1:
         return _relaunch(args)
     with process_group(proc, dist_config_from_args(args)) as ctx:
-        report = measure(ctx, cfg, args.rounds)
+        report = measure(ctx, variants(cfg, args.sweep), args.rounds)
     if proc.is_main:
         print(format_report(report), flush=True)
         if args.json:

@@ -13,6 +13,7 @@ DATASETS = ("digits", "mnist", "cifar10", "synthetic")
 MODELS = ("mlp", "cnn", "resnet18")
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adam", "adamw", "sgd")
+OPTIMIZER_IMPLS = ("fused", "foreach", "loop")
 LOADERS = ("memory", "dataloader")
 
 
@@ -89,7 +90,9 @@ class OptimConfig:
     model: str = "mlp"
     """mlp (the seed's 784-256-10), cnn (small, with BatchNorm) or resnet18 (needs torchvision)."""
     optimizer: str = "adam"
-    """adam, adamw or sgd (momentum 0.9); foreach implementation."""
+    """adam, adamw or sgd (momentum 0.9)."""
+    optimizer_impl: str = "fused"
+    """fused (one kernel for all parameters), foreach (multi-tensor) or loop (per parameter)."""
     lr: float = 1e-3
     """Learning rate."""
     weight_decay: float = 0.0
@@ -110,6 +113,7 @@ class OptimConfig:
     def __post_init__(self) -> None:
         _one_of("--model", self.model, MODELS)
         _one_of("--optimizer", self.optimizer, OPTIMIZERS)
+        _one_of("--optimizer-impl", self.optimizer_impl, OPTIMIZER_IMPLS)
         _one_of("--precision", self.precision, PRECISIONS)
         _positive("--lr", self.lr)
         _non_negative("--weight-decay", self.weight_decay)

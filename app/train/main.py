@@ -16,6 +16,7 @@ from app.train.config import (
     DATASETS,
     LOADERS,
     MODELS,
+    OPTIMIZER_IMPLS,
     OPTIMIZERS,
     PRECISIONS,
     DataConfig,
@@ -54,6 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model and optimisation")
     g.add_argument("--model", default=o.model, help=f"{' | '.join(MODELS)} (default {o.model}, the seed's 784-256-10)")
     g.add_argument("--optimizer", default=o.optimizer, help=f"{' | '.join(OPTIMIZERS)} (default {o.optimizer})")
+    g.add_argument(
+        "--optimizer-impl",
+        default=o.optimizer_impl,
+        help=f"{' | '.join(OPTIMIZER_IMPLS)}: optimizer kernels (default {o.optimizer_impl}, fastest in app bench)",
+    )
     g.add_argument("--lr", type=float, default=o.lr, help=f"learning rate (default {o.lr:g})")
     g.add_argument("--weight-decay", type=float, default=o.weight_decay, help="weight decay (default 0)")
     g.add_argument("--batch-size", type=int, default=o.batch_size, help=f"per-rank batch (default {o.batch_size})")
@@ -130,6 +136,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         optim=OptimConfig(
             model=args.model,
             optimizer=args.optimizer,
+            optimizer_impl=args.optimizer_impl,
             lr=args.lr,
             weight_decay=args.weight_decay,
             batch_size=args.batch_size,

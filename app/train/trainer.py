@@ -43,12 +43,13 @@ class Position:
     step: int = 0
 
 
-def build_optimizer(name: str, params, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    """Adam, AdamW or SGD (momentum 0.9), with the multi-tensor (foreach) implementation."""
+def build_optimizer(name: str, params, lr: float, weight_decay: float, impl: str = "fused") -> torch.optim.Optimizer:
+    """Adam, AdamW or SGD (momentum 0.9) with the fused, foreach or per-parameter implementation."""
+    kind = {"fused": {"fused": True}, "foreach": {"foreach": True}, "loop": {"foreach": False}}[impl]
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay, foreach=True)
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay, **kind)
     cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
-    return cls(params, lr=lr, weight_decay=weight_decay, foreach=True)
+    return cls(params, lr=lr, weight_decay=weight_decay, **kind)
 
 
 def static_graph(cfg: TrainConfig) -> bool:
@@ -85,7 +86,7 @@ class Trainer:
         self.model = models.build(o.model, data.shape, data.num_classes).to(ctx.device)
         self.ddp = wrap_ddp(self.model, ctx, cfg)
         self.model = self.ddp.module
-        self.optimizer = build_optimizer(o.optimizer, self.model.parameters(), o.lr, o.weight_decay)
+        self.optimizer = build_optimizer(o.optimizer, self.model.parameters(), o.lr, o.weight_decay, o.optimizer_impl)
         self.loader = TrainLoader(
             data.train, self.rank, self.world, o.batch_size, o.seed, ctx.device, cfg.data.loader, cfg.data.workers
         )

@@ -42,9 +42,16 @@ def test_precision_choices() -> None:
 @pytest.mark.parametrize(
     "name, cls", [("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW), ("sgd", torch.optim.SGD)]
 )
-def test_optimizers_use_foreach(name: str, cls) -> None:
-    opt = build_optimizer(name, torch.nn.Linear(2, 2).parameters(), 0.1, 0.0)
-    assert type(opt) is cls and opt.param_groups[0]["foreach"] is True
+@pytest.mark.parametrize(
+    "impl, fused, foreach", [("fused", True, None), ("foreach", None, True), ("loop", None, False)]
+)
+def test_optimizer_kinds(name: str, cls, impl: str, fused, foreach) -> None:
+    model = torch.nn.Linear(2, 2)
+    opt = build_optimizer(name, model.parameters(), 0.1, 0.0, impl)
+    group = opt.param_groups[0]
+    assert type(opt) is cls and group["fused"] == fused and group["foreach"] == foreach
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()  # every kind runs on CPU
 
 
 RECORD = {
