@@ -1,0 +1,139 @@
+"""deploy.yml end to end against two node containers standing in for GPU machines (CPU only):
+provision (base, Docker engine), ship ddp-cluster:cpu as a tarball, write hostfile and env,
+`app check` and a short training across the nodes, the summary back on the controller; then a
+second run changes nothing, --check runs clean, and a failing job fails the play with its error.
+
+    make images && .venv/bin/python -m pytest tests/ansible/test_deploy.py -m ansible
+"""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.ansible import nodes
+from tests.ansible.conftest import ANSIBLE_DIR, ansible_env, record_timing, run_playbook
+
+pytestmark = [pytest.mark.ansible, pytest.mark.docker, pytest.mark.slow]
+DEPLOY = ANSIBLE_DIR / "deploy.yml"
+PLAYBOOKS = Path(__file__).resolve().parent / "playbooks"
+# Stand-in for `nvidia-ctk runtime configure --runtime=docker --dry-run --config=PATH`: prints
+# the file's configuration with the nvidia runtime added, as the real tool does (no GPU here).
+FAKE_NVIDIA_CTK = """#!/usr/bin/python3
+import json, sys
+path = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--config="))
+try:
+    config = json.load(open(path))
+except FileNotFoundError:
+    config = {}
+config.setdefault("runtimes", {})["nvidia"] = {"args": [], "path": "nvidia-container-runtime"}
+json.dump(config, sys.stdout, indent=4)
+"""
+
+
+@pytest.fixture(scope="module")
+def deployed(node_cluster: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One full deploy through `python -m app deploy` (ansible-runner) onto fresh nodes."""
+    work = tmp_path_factory.mktemp("deploy")
+    extravars = {"launch_fetch_dir": str(work / "runs"), "image_cache_dir": str(work / "images"),
+                 "image_name": node_cluster["image"], "image_build_command": ""}  # fmt: skip
+    command = [sys.executable, "-m", "app", "deploy", "-i", str(node_cluster["inventory"]), "-e", json.dumps(extravars)]
+    start = time.monotonic()
+    result = subprocess.run(command, cwd=nodes.REPO, capture_output=True, text=True, timeout=1800, env=ansible_env())
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    record_timing("full_deploy_s", time.monotonic() - start)
+    return {**node_cluster, "runs": work / "runs", "extravars": extravars, "output": result.stdout}
+
+
+def node_exec(name: str, *command: str) -> str:
+    return nodes.docker("exec", name, *command).stdout
+
+
+def node_write(name: str, path: str, text: str, mode: str = "0644") -> None:
+    script = f"mkdir -p $(dirname {path}) && cat > {path} && chmod {mode} {path}"
+    subprocess.run(["docker", "exec", "-i", name, "sh", "-c", script], input=text, text=True, check=True, timeout=60)
+
+
+def test_deploy_runs_check_and_training_across_nodes_and_brings_the_summary_back(deployed: dict) -> None:
+    summary = json.loads((deployed["runs"] / "train" / "summary.json").read_text())
+    assert (summary["world_size"], summary["nodes"], summary["backend"]) == (4, 2, "gloo")
+    assert summary["params_identical"] is True
+    assert summary["test_accuracy"] > 0.8
+    check = json.loads((deployed["runs"] / "check" / "check.json").read_text())
+    assert check["world_size"] == 4
+    assert {r["host"] for r in check["ranks"]} == {"node0", "node1"}
+    logs = {name: (deployed["runs"] / "train" / f"{name}.log").read_text() for name in deployed["names"]}
+    assert "done:" in logs[deployed["names"][0]], logs
+    assert "deploy: ok" in deployed["output"]
+
+
+def test_nodes_hold_the_topology_files_and_the_same_image(deployed: dict) -> None:
+    first, second = deployed["names"]
+    hostfile = node_exec(first, "cat", "/etc/ddp-cluster/hostfile").split("\n")
+    addresses = [line.split()[0] for line in hostfile if line]
+    assert [line.split()[1] for line in hostfile if line] == ["slots=2", "slots=2"]
+    env = dict(line.split("=", 1) for line in node_exec(second, "cat", "/etc/ddp-cluster/cluster.env").split())
+    assert env["MASTER_ADDR"] == addresses[0] and env["WORLD_SIZE"] == "4" and env["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert node_exec(second, "cat", "/etc/ddp-cluster/torchrun.args").split()[2] == "--node-rank=1"
+    assert node_exec(first, "cat", "/etc/ddp-cluster/hostfile") == node_exec(second, "cat", "/etc/ddp-cluster/hostfile")
+    inspect = ("docker", "image", "inspect", "--format", "{{.Id}}", deployed["image"])
+    controller = nodes.docker(*inspect[1:]).stdout.strip()
+    for name in deployed["names"]:
+        assert node_exec(name, *inspect).strip() == controller
+        assert node_exec(name, "docker", "ps", "-aq") == "", "a job container was left running"
+
+
+def test_second_run_changes_nothing(deployed: dict) -> None:
+    run = run_playbook(DEPLOY, deployed["inventory"], deployed["extravars"])
+    assert run.status == "successful", run.stdout[-4000:]
+    record_timing("idempotent_rerun_s", run.seconds)
+    assert run.total("changed") == 0, run.stats
+    assert "Job 'train' completed before" in " ".join(run.stdout.split())
+
+
+def test_check_mode_runs_clean(deployed: dict) -> None:
+    run = run_playbook(DEPLOY, deployed["inventory"], deployed["extravars"], cmdline="--check")
+    assert run.status == "successful", run.stdout[-4000:]
+    assert (run.total("changed"), run.total("failures")) == (0, 0), run.stats
+
+
+def test_a_failing_job_fails_the_play_with_its_error(deployed: dict) -> None:
+    extravars = {**deployed["extravars"], "launch_job_name": "bad", "launch_app_args": ["train", "--dataset", "nope"]}
+    run = run_playbook(DEPLOY, deployed["inventory"], extravars, tags="launch", timeout=600)
+    assert run.status == "failed"
+    text = " ".join(run.stdout.split())
+    assert f"Job 'bad' on {deployed['names'][0]} exited with 1" in text
+    assert "--dataset 'nope' is not one of digits" in text
+    assert not (deployed["runs"] / "bad" / "summary.json").exists()
+
+
+def test_container_toolkit_merges_the_runtime_into_daemon_json(deployed: dict) -> None:
+    node = deployed["names"][1]
+    node_write(
+        node, "/etc/docker/daemon.json", json.dumps({"log-driver": "json-file", "log-opts": {"max-size": "10m"}})
+    )
+    node_write(node, "/usr/local/bin/nvidia-ctk", FAKE_NVIDIA_CTK, mode="0755")
+    extravars = {"merge_host": node, "nvidia_container_toolkit_daemon_json_extra": {"log-opts": {"max-file": "3"}}}
+    first = run_playbook(PLAYBOOKS / "toolkit-merge.yml", deployed["inventory"], extravars, timeout=600)
+    assert first.status == "successful", first.stdout[-4000:]
+    config = json.loads(node_exec(node, "cat", "/etc/docker/daemon.json"))
+    assert config["log-driver"] == "json-file"
+    assert config["log-opts"] == {"max-size": "10m", "max-file": "3"}
+    assert config["runtimes"]["nvidia"]["path"] == "nvidia-container-runtime"
+    assert "nvidia" in json.loads(node_exec(node, "docker", "info", "--format", "{{json .Runtimes}}"))
+    assert "RUNNING HANDLER [docker : Restart dockerd without an init system.]" in first.stdout
+    second = run_playbook(PLAYBOOKS / "toolkit-merge.yml", deployed["inventory"], extravars, timeout=600)
+    assert second.status == "successful" and second.total("changed") == 0, second.stats
+
+
+def test_an_inventory_without_cluster_hosts_is_refused_in_one_line(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yml"
+    broken.write_text("all:\n  hosts: [unclosed\n")
+    result = subprocess.run([sys.executable, "-m", "app", "deploy", "-q", "-i", str(broken)], cwd=nodes.REPO,
+                            capture_output=True, text=True, timeout=300, env=ansible_env())  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("error: deploy failed")
+    assert "no hosts in group 'ddp_cluster'" in result.stderr
