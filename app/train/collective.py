@@ -47,9 +47,24 @@ def param_spread(model: nn.Module) -> float:
     return float((high - low).max().item())
 
 
-def gather_rng() -> list[torch.Tensor]:
-    """Every rank's CPU RNG state, in rank order (for the checkpoint)."""
-    state = torch.get_rng_state()
+def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """This rank's RNG states: the CPU generator, and its GPU's when it has one."""
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
+    """Restore what rng_state returned (the GPU part only on a GPU)."""
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def gather_rng(device: torch.device) -> list[dict[str, torch.Tensor]]:
+    """Every rank's RNG states, in rank order (for the checkpoint)."""
+    state = rng_state(device)
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return [state]
     out: list = [None] * dist.get_world_size()

@@ -106,7 +106,7 @@ class Trainer:
             "num_classes": self.data.num_classes,
         }
 
-    def _state(self, rng: list[torch.Tensor]) -> dict:
+    def _state(self, rng: list[dict[str, torch.Tensor]]) -> dict:
         o, scaler = self.cfg.optim, self.precision.scaler
         return {
             **self.identity,
@@ -137,7 +137,7 @@ class Trainer:
         if self.precision.scaler and state.get("scaler"):
             self.precision.scaler.load_state_dict(state["scaler"])
         rng = state["rng"]
-        torch.set_rng_state(rng[self.rank] if len(rng) == self.world else rng[0])
+        collective.set_rng_state(rng[self.rank] if len(rng) == self.world else rng[0], self.ctx.device)
         self.pos = Position(state["epoch"], state["batch"], state["step"])
         self._saved_step = self.pos.step
         self.resumed_from = source
@@ -155,7 +155,7 @@ class Trainer:
 
     def _save(self) -> None:
         """Checkpoint the current position (a collective: every rank calls it; rank 0 writes)."""
-        rng = collective.gather_rng()
+        rng = collective.gather_rng(self.ctx.device)
         if self.ctx.proc.is_main:
             path = checkpoint.save(self.cfg.run.out, self._state(rng), self.pos.step, self.cfg.run.keep_checkpoints)
             self.reporter.event("checkpoint", step=self.pos.step, epoch=self.pos.epoch, path=str(path))
