@@ -167,8 +167,11 @@ def torchrun_args(topo: Topology, node_rank: int | None = None) -> list[str]:
 def mpirun_args(topo: Topology, hostfile: str = "hostfile") -> list[str]:
     """mpirun's arguments: the hostfile, the process count and the variables every rank needs."""
     args = ["-np", str(topo.world_size), "--hostfile", hostfile]
+    # OpenMPI gives each rank its rank and size; an exported WORLD_SIZE would read as a partial
+    # torchrun environment (WORLD_SIZE without RANK), so only the rendezvous and interface travel.
     for key, value in env_vars(topo).items():
-        args += ["-x", f"{key}={value}"]
+        if key not in ("WORLD_SIZE", "NNODES", "NPROC_PER_NODE"):
+            args += ["-x", f"{key}={value}"]
     if topo.ifname:
         args += ["--mca", "btl_tcp_if_include", topo.ifname, "--mca", "oob_tcp_if_include", topo.ifname]
     return args

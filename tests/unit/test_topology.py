@@ -44,6 +44,7 @@ def test_mpirun_args_carry_master_and_interface() -> None:
     args = shlex.split(render(TWO_BY_TWO, "mpirun", hostfile="/etc/ddp/hostfile"))
     assert args[:4] == ["-np", "4", "--hostfile", "/etc/ddp/hostfile"]
     assert "MASTER_ADDR=node0" in args and "MASTER_PORT=29400" in args
+    assert not any(a.startswith("WORLD_SIZE=") for a in args), "WORLD_SIZE without RANK breaks launcher detection"
     assert args[args.index("btl_tcp_if_include") + 1] == "eth0"
 
 
