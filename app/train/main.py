@@ -32,6 +32,7 @@ from app.train.trainer import Trainer
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m app train`` (stable: --dataset --model --epochs --out --resume)."""
+    parser.usage = "%(prog)s [--dataset digits] [--model mlp] [--epochs N] [--out DIR] [--resume auto] [options]"
     d, o, k, r = DataConfig(), OptimConfig(), DDPConfig(), RunConfig()
     g = parser.add_argument_group("data")
     g.add_argument(
