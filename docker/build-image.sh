@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Build the workload image of one flavour, offline when no registry answers.
+#
+#   docker/build-image.sh --flavour cpu  [--base auto|upstream|local] [--tag ddp-cluster:cpu]
+#   docker/build-image.sh --flavour cuda [--base ...] [--torch-cuda 'torch==2.13.0']
+#
+# Steps: pick the base (--base upstream: python:3.11-slim-bookworm or nvidia/cuda,
+# pulled if missing; local: ddp-cluster-base:bookworm from docker/build-base.sh;
+# auto: upstream when present or pullable, else local), fill the host wheelhouse
+# (docker/fill-wheelhouse.sh; a no-op when up to date), wrap it in the image
+# ddp-cluster-wheels:<flavour>, then build docker/Dockerfile's target <flavour>.
+# The cuda flavour on the local base is CI's stand-in: Debian, no CUDA libraries,
+# the CPU torch wheel (labelled org.ddp-cluster.cuda-standin=1). Full build log:
+# build/logs/image-<flavour>.log.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+flavour=""
+tag=""
+base=auto
+cpu_upstream=python:3.11-slim-bookworm
+cuda_upstream=nvidia/cuda:12.6.3-base-ubuntu22.04
+local_base=ddp-cluster-base:bookworm
+torch_cpu='torch==2.13.0+cpu'
+torch_cpu_index=""
+torch_cuda='torch==2.13.0'
+wheelhouse=$root/build/wheelhouse
+python=python3
+
+while (($#)); do
+    case "$1" in
+        --flavour) flavour=$2; shift 2 ;;
+        --tag) tag=$2; shift 2 ;;
+        --base) base=$2; shift 2 ;;
+        --cpu-upstream) cpu_upstream=$2; shift 2 ;;
+        --cuda-upstream) cuda_upstream=$2; shift 2 ;;
+        --local-base) local_base=$2; shift 2 ;;
+        --torch-cpu) torch_cpu=$2; shift 2 ;;
+        --torch-cpu-index) torch_cpu_index=$2; shift 2 ;;
+        --torch-cuda) torch_cuda=$2; shift 2 ;;
+        --wheelhouse) wheelhouse=$2; shift 2 ;;
+        --python) python=$2; shift 2 ;;
+        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "error: unknown argument '$1'; see $0 --help" >&2; exit 2 ;;
+    esac
+done
+
+die() { echo "error: $*" >&2; exit 1; }
+say() { echo "image: $*"; }
+case $flavour in cpu|cuda) ;; *) die "--flavour must be cpu or cuda (got '$flavour')" ;; esac
+case $base in auto|upstream|local) ;; *) die "BASE must be auto, upstream or local (got '$base')" ;; esac
+tag=${tag:-ddp-cluster:$flavour}
+docker info >/dev/null 2>&1 || die "no Docker engine answers; run 'make engine' first"
+
+present_or_pulled() {
+    docker image inspect "$1" >/dev/null 2>&1 || timeout 900 docker pull -q "$1" >/dev/null 2>&1
+}
+local_base_image() {
+    docker image inspect "$local_base" >/dev/null 2>&1 || "$root/docker/build-base.sh" --tag "$local_base" >&2
+    echo "$local_base"
+}
+pick_base() {  # prints the base image to build from
+    local upstream=$1
+    case $base in
+        upstream) present_or_pulled "$upstream" || die "cannot pull $upstream (no registry reachable?); build offline with BASE=local"
+                  echo "$upstream" ;;
+        local) local_base_image ;;
+        auto) if present_or_pulled "$upstream"; then echo "$upstream"
+              else say "$upstream cannot be pulled: using the local base (BASE=local)" >&2; local_base_image; fi ;;
+    esac
+}
+
+if [[ $flavour == cpu ]]; then base_image=$(pick_base "$cpu_upstream"); else base_image=$(pick_base "$cuda_upstream"); fi
+standin=0
+torch=$torch_cpu
+house=cpu
+if [[ $flavour == cuda ]]; then
+    if [[ $base_image == "$local_base" ]]; then
+        standin=1
+        say "cuda flavour from the local stand-in base with CPU torch: for CI only; build with BASE=upstream for GPU nodes"
+    else
+        torch=$torch_cuda
+        house=cuda
+    fi
+fi
+
+# The filler does nothing unless the pins, the build backend or the torch spec changed.
+dir=$wheelhouse/$house
+index=""
+[[ $house == cpu ]] && index=$torch_cpu_index
+"$root/docker/fill-wheelhouse.sh" --out "$dir" --torch "$torch" --python "$python" ${index:+--torch-index "$index"}
+wheels=ddp-cluster-wheels:$house
+digest=$( (cat "$dir/requirements.txt"; cd "$dir" && ls -l -- *.whl) | sha256sum | cut -c1-16)
+if [[ $(docker image inspect --format '{{index .Config.Labels "org.ddp-cluster.wheelhouse"}}' "$wheels" 2>/dev/null) != "$digest" ]]; then
+    say "wrapping $dir into $wheels"
+    docker build -q --label "org.ddp-cluster.wheelhouse=$digest" -f "$root/docker/wheelhouse.Dockerfile" -t "$wheels" "$dir" >/dev/null 2>&1 \
+        || die "could not build $wheels from $dir"
+fi
+
+mkdir -p "$root/build/logs"
+log=$root/build/logs/image-$flavour.log
+version=$(git -C "$root" describe --tags --always --dirty 2>/dev/null || echo dev)
+revision=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
+say "building $tag (target $flavour) from $base_image; log: ${log#"$root"/}"
+start=$SECONDS
+if ! docker build -f "$root/docker/Dockerfile" --target "$flavour" -t "$tag" \
+        --build-arg BASE_IMAGE="$base_image" --build-arg WHEELS_IMAGE="$wheels" \
+        --build-arg CUDA_STANDIN="$standin" \
+        --build-arg VERSION="$version" --build-arg REVISION="$revision" \
+        "$root" >"$log" 2>&1; then
+    tail -n 15 "$log" >&2
+    die "docker build of $tag failed (full log: $log)"
+fi
+size=$(docker image inspect --format '{{.Size}}' "$tag" | awk '{printf "%.2f GB", $1/1e9}')
+say "built $tag: $size in $((SECONDS - start)) s"

@@ -1,0 +1,107 @@
+"""Fixtures for the container tests: images built offline, one compose project per test.
+
+Every test here needs a Docker engine with compose v2 (`make engine` sets one up) and
+builds from the local debootstrap base (BASE=local), so no registry is needed. Images are
+tagged ddp-cluster-test:* so the tests never replace a user's ddp-cluster:* images.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGE_NAME = "ddp-cluster-test"
+BUILD_TIMEOUT = 1800
+JOB_TIMEOUT = 600
+
+
+def run(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """Run CMD in the repository root, capturing text output; never raises on failure."""
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False, **kwargs)
+
+
+def make(*args: str, timeout: float = JOB_TIMEOUT) -> subprocess.CompletedProcess:
+    """`make --no-print-directory ARGS` with the test image and the offline base."""
+    return run(["make", "--no-print-directory", "BASE=local", f"IMAGE_NAME={IMAGE_NAME}", *args], timeout)
+
+
+def explain(proc: subprocess.CompletedProcess) -> str:
+    """The tail of a command's output, for assertion messages."""
+    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+
+
+def project_leftovers(project: str) -> list[str]:
+    """Containers, networks and volumes that still carry PROJECT's compose label."""
+    label = f"label=com.docker.compose.project={project}"
+    found = []
+    for kind in (["ps", "-aq"], ["network", "ls", "-q"], ["volume", "ls", "-q"]):
+        found += run(["docker", *kind, "--filter", label], 60).stdout.split()
+    return found
+
+
+@pytest.fixture(scope="session")
+def engine() -> None:
+    """A Docker engine that answers, with compose v2; fails (not skips) without one."""
+    if shutil.which("docker") is None:
+        pytest.fail("docker is not installed: run `make engine` (or `make test`, which does)")
+    for cmd in (["docker", "info"], ["docker", "compose", "version"]):
+        proc = run(cmd, 60)
+        if proc.returncode != 0:
+            pytest.fail(f"`{' '.join(cmd)}` failed: run `make engine`\n{explain(proc)}")
+
+
+def build(flavour: str) -> str:
+    """Build IMAGE_NAME:FLAVOUR offline (cached layers make repeats fast); returns the tag."""
+    proc = make(f"image-{flavour}", f"PYTHON={sys.executable}", timeout=BUILD_TIMEOUT)
+    assert proc.returncode == 0, f"building the {flavour} image failed\n{explain(proc)}"
+    return f"{IMAGE_NAME}:{flavour}"
+
+
+@pytest.fixture(scope="session")
+def cpu_image(engine) -> str:
+    return build("cpu")
+
+
+@pytest.fixture(scope="session")
+def cuda_image(engine) -> str:
+    return build("cuda")
+
+
+@dataclass
+class Cluster:
+    """A compose project of its own, driven through the Makefile's cluster targets."""
+
+    project: str
+    results: Path
+    image: str
+
+    def make(self, target: str, *args: str, timeout: float = JOB_TIMEOUT) -> subprocess.CompletedProcess:
+        return make(target, f"CLUSTER={self.project}", f"RESULTS={self.results}", *args, timeout=timeout)
+
+    def json(self, relpath: str) -> dict:
+        return json.loads((self.results / relpath).read_text())
+
+    def volume_files(self, folder: str) -> list[str]:
+        """Names in FOLDER of the cluster's results volume, read by a throwaway container."""
+        proc = run(
+            ["docker", "run", "--rm", "--network", "none", "-v", f"{self.project}_results:/results:ro",
+             "--entrypoint", "ls", self.image, f"/results/{folder}"],
+            120,
+        )
+        assert proc.returncode == 0, explain(proc)
+        return proc.stdout.split()
+
+
+@pytest.fixture
+def cluster(cpu_image, tmp_path) -> Cluster:
+    """A unique compose project; torn down afterwards even when the test failed."""
+    c = Cluster(project=f"ddpt-{uuid.uuid4().hex[:8]}", results=tmp_path / "results", image=cpu_image)
+    yield c
+    if project_leftovers(c.project):
+        c.make("cluster-down", timeout=180)

@@ -1,0 +1,96 @@
+"""The compose mini-cluster end to end: real containers, real torchrun/mpirun, real gloo.
+
+    .venv/bin/python -m pytest tests/docker -m docker      (make test runs it too)
+"""
+
+import json
+import subprocess
+
+import pytest
+
+from .conftest import ROOT, explain, project_leftovers, run
+
+pytestmark = pytest.mark.docker
+
+
+def hosts_of(report: dict) -> set[str]:
+    return {r["host"] for r in report["ranks"]}
+
+
+def test_check_and_training_on_2x2_then_nothing_left(cluster):
+    check = cluster.make("cluster-check", "NODES=2", "NPROC_PER_NODE=2")
+    assert check.returncode == 0, explain(check)
+    report = cluster.json("check.json")
+    assert report["ok"] and report["complete"], report
+    assert report["world_size"] == 4 and report["launcher"] == "torchrun"
+    assert sorted(r["rank"] for r in report["ranks"]) == [0, 1, 2, 3]
+    assert len(hosts_of(report)) == 2, report["ranks"]
+    # c10d ranks nodes by address; the head container must hold rank 0 (its output is streamed).
+    assert report["ranks"][0]["host"] == "head"
+
+    train = cluster.make("cluster-up", "JOB=train --dataset digits --epochs 5 --out /results/digits")
+    assert train.returncode == 0, explain(train)
+    assert "done: " in train.stdout, "rank 0's output was not streamed\n" + explain(train)
+    summary = cluster.json("digits/summary.json")
+    assert summary["world_size"] == 4 and summary["nodes"] == 2
+    assert summary["params_identical"] is True
+    assert summary["test_accuracy"] >= 0.85, summary
+    checkpoints = cluster.volume_files("digits/checkpoints")
+    assert summary["checkpoint"].rsplit("/", 1)[-1] in checkpoints, checkpoints
+    assert all(name.endswith(".pt") for name in checkpoints)
+
+    down = cluster.make("cluster-down", timeout=180)
+    assert down.returncode == 0, explain(down)
+    assert project_leftovers(cluster.project) == []
+
+
+def test_user_script_runs_unchanged(cluster):
+    proc = cluster.make("cluster-up", "SCRIPT=docker/jobs/minimal_ddp.py", "ARGS=--steps 5", "NPROC_PER_NODE=1")
+    assert proc.returncode == 0, explain(proc)
+    # Only the head container (global rank 0) is streamed.
+    assert "minimal_ddp rank 0/2 on head" in proc.stdout, explain(proc)
+
+
+def test_failing_job_fails_cluster_up(cluster):
+    proc = cluster.make("cluster-up", "JOB=train --dataset no-such-dataset", "NPROC_PER_NODE=1")
+    assert proc.returncode != 0, explain(proc)
+    assert "no-such-dataset" in proc.stdout + proc.stderr, explain(proc)
+    assert "job exit status" in proc.stdout
+
+
+def test_mpi_profile_runs_check_over_ssh(cluster):
+    proc = cluster.make("cluster-mpi", "MPI_JOB=check --json /results/check.json")
+    assert proc.returncode == 0, explain(proc)
+    report = cluster.json("check.json")
+    assert report["ok"] and report["launcher"] == "openmpi", report
+    assert report["world_size"] == 4 and len(hosts_of(report)) == 2, report["ranks"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nodes", "0"], "NODES must be a whole number >= 1"),
+        (["--nodes", "two"], "NODES must be a whole number >= 1"),
+        (["--nproc-per-node", "-1"], "NPROC_PER_NODE must be a whole number >= 1"),
+        (["--script", "no/such/train.py"], "no such file"),
+        (["--project", "Bad Name"], "is not a compose project name"),
+        (["--master-port", "80"], "MASTER_PORT must be 1024-65535"),
+        (["--bogus"], "unknown argument"),
+    ],
+)
+def test_bad_input_is_one_line_error(engine, args, message):
+    proc = run(["docker/cluster-job.sh", *args], 60)
+    assert proc.returncode == 2, explain(proc)
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert message in proc.stderr
+
+
+def test_compose_file_publishes_nothing_and_isolates_the_network():
+    config = subprocess.run(
+        ["docker", "compose", "-f", str(ROOT / "compose.yaml"), "--profile", "mpi", "config", "--format", "json"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout
+    services = json.loads(config)
+    assert all("ports" not in s for s in services["services"].values())
+    assert services["networks"]["cluster"]["internal"] is True
+    assert "version" not in services
