@@ -3,14 +3,15 @@
 #
 #   docker/cluster-job.sh [--nodes 2] [--nproc-per-node 2] [--project ddp-cluster]
 #                         [--job 'train --dataset digits' | --script path/to/train.py [--args '...']]
-#                         [--mpi] [--results build/results] [--timeout 1200] [--image ddp-cluster:cpu]
+#                         [--mpi] [--gpu] [--results build/results] [--timeout 1200] [--image ddp-cluster:cpu]
 #
 # torchrun (default): compose.yaml's head + NODES-1 workers run `torchrun ... -m app JOB`
 # (or your SCRIPT, unchanged); the head container holds rank 0 and its output is
 # streamed. --mpi: the mpi profile's launcher runs `mpirun ... python -m app JOB`
 # (or python SCRIPT) over SSH on NODES workers. Exits with the job's status;
 # afterwards /results of the cluster volume is copied to RESULTS and the newest
-# summary.json is printed. The cluster stays until `make cluster-down`.
+# summary.json is printed. --gpu adds compose.gpu.yaml (NVIDIA GPUs in every node; use
+# the cuda image). The cluster's containers, logs and volumes stay until `make cluster-down`.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,6 +23,7 @@ job=""
 script=""
 args=""
 mpi=0
+gpu=0
 results=$root/build/results
 timeout_s=1200
 image=ddp-cluster:cpu
@@ -36,10 +38,11 @@ while (($#)); do
         --script) script=$2; shift 2 ;;
         --args) args=$2; shift 2 ;;
         --mpi) mpi=1; shift ;;
+        --gpu) gpu=1; shift ;;
         --results) results=$2; shift 2 ;;
         --timeout) timeout_s=$2; shift 2 ;;
         --image) image=$2; shift 2 ;;
-        -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "error: unknown argument '$1'; see $0 --help" >&2; exit 2 ;;
     esac
 done
@@ -49,7 +52,7 @@ positive() { [[ $2 =~ ^[1-9][0-9]*$ ]] || die "$1 must be a whole number >= 1 (g
 positive NODES "$nodes"
 positive NPROC_PER_NODE "$nproc"
 positive CLUSTER_TIMEOUT "$timeout_s"
-[[ $port =~ ^[0-9]+$ ]] && ((port >= 1024 && port <= 65535)) || die "MASTER_PORT must be 1024-65535 (got '$port')"
+if ! [[ $port =~ ^[0-9]+$ ]] || ((port < 1024 || port > 65535)); then die "MASTER_PORT must be 1024-65535 (got '$port')"; fi
 ((nodes <= 16)) || die "NODES=$nodes: the mini-cluster is for one machine; use at most 16 (each node is a container)"
 [[ $project =~ ^[a-z0-9][a-z0-9_-]*$ ]] || die "CLUSTER='$project' is not a compose project name: lowercase letters, digits, - and _"
 [[ -z $job || -z $script ]] || die "give JOB or SCRIPT, not both"
@@ -72,14 +75,15 @@ docker image inspect "$image" >/dev/null 2>&1 || die "image $image is missing; b
 
 export NODES=$nodes WORKERS=$((nodes - 1)) NPROC_PER_NODE=$nproc MASTER_PORT=$port IMAGE=$image SCRIPT_DIR=$script_dir
 compose=(docker compose --project-directory "$root" -f "$root/compose.yaml" -p "$project")
+[[ $gpu == 1 ]] && compose+=(-f "$root/compose.gpu.yaml")
 if [[ $mpi == 1 ]]; then
     export MPI_COMMAND=$command
-    main=launcher
+    main="launcher"
     up=(--profile mpi up --attach launcher --exit-code-from launcher launcher)
     echo "cluster: $project: mpirun over SSH, $nodes node(s) x $nproc process(es): $command"
 else
     export JOB_COMMAND=$command
-    main=head
+    main="head"
     up=(up --attach head --exit-code-from head)
     echo "cluster: $project: torchrun, $nodes node(s) x $nproc process(es): $command"
 fi

@@ -7,8 +7,10 @@
 # (debootstrap); upstream or local force one. The one switch for offline builds.
 BASE ?= auto
 IMAGE_NAME ?= ddp-cluster
+# GPU=1: every node gets this machine's NVIDIA GPUs (compose.gpu.yaml) and runs the cuda image.
+GPU ?= 0
 # The flavour the mini-cluster runs (cpu or cuda).
-IMAGE_TAG ?= cpu
+IMAGE_TAG ?= $(if $(filter 1,$(GPU)),cuda,cpu)
 CPU_BASE_IMAGE ?= python:3.11-slim-bookworm
 CUDA_BASE_IMAGE ?= nvidia/cuda:12.6.3-base-ubuntu22.04
 LOCAL_BASE_IMAGE ?= ddp-cluster-base:bookworm
@@ -38,7 +40,8 @@ BUILD_IMAGE = docker/build-image.sh --base $(BASE) --python $(ENGINE_PYTHON) \
 	--torch-cpu '$(TORCH_CPU)' --torch-cpu-index '$(TORCH_CPU_INDEX)' --torch-cuda '$(TORCH_CUDA)' \
 	--wheelhouse $(abspath $(WHEELHOUSE))
 CLUSTER_JOB = docker/cluster-job.sh --project $(CLUSTER) --nodes $(NODES) --nproc-per-node $(NPROC_PER_NODE) \
-	--master-port $(MASTER_PORT) --image $(IMAGE_NAME):$(IMAGE_TAG) --results $(RESULTS) --timeout $(CLUSTER_TIMEOUT)
+	--master-port $(MASTER_PORT) --image $(IMAGE_NAME):$(IMAGE_TAG) --results $(RESULTS) --timeout $(CLUSTER_TIMEOUT) \
+	$(if $(filter 1,$(GPU)),--gpu)
 COMPOSE = docker compose -f compose.yaml -p $(CLUSTER) --profile mpi
 
 .PHONY: engine

@@ -89,11 +89,10 @@ class Cluster:
 
     def volume_files(self, folder: str) -> list[str]:
         """Names in FOLDER of the cluster's results volume, read by a throwaway container."""
-        proc = run(
-            ["docker", "run", "--rm", "--network", "none", "-v", f"{self.project}_results:/results:ro",
-             "--entrypoint", "ls", self.image, f"/results/{folder}"],
-            120,
-        )
+        volume = f"{self.project}_results:/results:ro"
+        mount = ["-v", volume, "--entrypoint", "ls"]
+        cmd = ["docker", "run", "--rm", "--network", "none", *mount, self.image, f"/results/{folder}"]
+        proc = run(cmd, 120)
         assert proc.returncode == 0, explain(proc)
         return proc.stdout.split()
 

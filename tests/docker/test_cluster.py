@@ -1,10 +1,9 @@
 """The compose mini-cluster end to end: real containers, real torchrun/mpirun, real gloo.
 
-    .venv/bin/python -m pytest tests/docker -m docker      (make test runs it too)
+Run: ``.venv/bin/python -m pytest tests/docker`` (``make test`` runs it too).
 """
 
 import json
-import subprocess
 
 import pytest
 
@@ -85,12 +84,24 @@ def test_bad_input_is_one_line_error(engine, args, message):
     assert message in proc.stderr
 
 
-def test_compose_file_publishes_nothing_and_isolates_the_network():
-    config = subprocess.run(
-        ["docker", "compose", "-f", str(ROOT / "compose.yaml"), "--profile", "mpi", "config", "--format", "json"],
-        capture_output=True, text=True, timeout=60, check=True,
-    ).stdout
-    services = json.loads(config)
+def test_compose_file_publishes_nothing_and_isolates_the_network(engine):
+    proc = run(
+        ["docker", "compose", "-f", str(ROOT / "compose.yaml"), "--profile", "mpi", "config", "--format", "json"], 60
+    )
+    assert proc.returncode == 0, explain(proc)
+    services = json.loads(proc.stdout)
     assert all("ports" not in s for s in services["services"].values())
     assert services["networks"]["cluster"]["internal"] is True
     assert "version" not in services
+
+
+def test_gpu_override_reserves_gpus_for_every_node(engine):
+    files = ["-f", str(ROOT / "compose.yaml"), "-f", str(ROOT / "compose.gpu.yaml")]
+    proc = run(["docker", "compose", *files, "--profile", "mpi", "config", "--format", "json"], 60)
+    assert proc.returncode == 0, explain(proc)
+    services = json.loads(proc.stdout)["services"]
+    for name in ("head", "worker", "mpi-worker"):
+        devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert devices[0]["capabilities"] == ["gpu"], services[name]
+        assert services[name]["image"] == "ddp-cluster:cuda"
+        assert services[name]["volumes"][0]["target"] == "/cluster", "the override must keep the base service"
