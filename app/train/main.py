@@ -37,45 +37,75 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("data")
     g.add_argument(
         "--dataset",
+        metavar="NAME",
         default=d.dataset,
         help=f"{' | '.join(DATASETS)} (default {d.dataset}: scikit-learn's handwritten digits, no network needed)",
     )
-    g.add_argument("--data-dir", type=Path, help="folder with MNIST/raw/ or cifar-10-batches-py/ (mnist, cifar10)")
+    g.add_argument(
+        "--data-dir", metavar="DIR", type=Path, help="folder with MNIST/raw/ or cifar-10-batches-py/ (mnist, cifar10)"
+    )
     g.add_argument("--download", action="store_true", help="download mnist/cifar10 into --data-dir when missing")
-    g.add_argument("--input-shape", default="1x28x28", help="synthetic sample shape CxHxW (default 1x28x28)")
-    g.add_argument("--num-classes", type=int, default=d.num_classes, help="synthetic classes (default 10)")
-    g.add_argument("--train-samples", type=int, default=d.train_samples, help="synthetic training samples")
-    g.add_argument("--test-samples", type=int, default=d.test_samples, help="synthetic test samples")
+    g.add_argument(
+        "--input-shape", metavar="CxHxW", default="1x28x28", help="synthetic sample shape CxHxW (default 1x28x28)"
+    )
+    g.add_argument("--num-classes", metavar="N", type=int, default=d.num_classes, help="synthetic classes (default 10)")
+    g.add_argument("--train-samples", metavar="N", type=int, default=d.train_samples, help="synthetic training samples")
+    g.add_argument("--test-samples", metavar="N", type=int, default=d.test_samples, help="synthetic test samples")
     g.add_argument(
         "--loader",
+        metavar="KIND",
         default=d.loader,
         help=f"{' | '.join(LOADERS)}: batches indexed from memory "
         "(default, fast) or torch DataLoader (workers, pinned memory on GPU)",
     )
-    g.add_argument("--workers", type=int, default=d.workers, help="DataLoader workers with --loader dataloader")
+    g.add_argument(
+        "--workers", metavar="N", type=int, default=d.workers, help="DataLoader workers with --loader dataloader"
+    )
     g = parser.add_argument_group("model and optimisation")
-    g.add_argument("--model", default=o.model, help=f"{' | '.join(MODELS)} (default {o.model}, the seed's 784-256-10)")
-    g.add_argument("--optimizer", default=o.optimizer, help=f"{' | '.join(OPTIMIZERS)} (default {o.optimizer})")
+    g.add_argument(
+        "--model",
+        metavar="NAME",
+        default=o.model,
+        help=f"{' | '.join(MODELS)} (default {o.model}, the seed's 784-256-10)",
+    )
+    g.add_argument(
+        "--optimizer", metavar="NAME", default=o.optimizer, help=f"{' | '.join(OPTIMIZERS)} (default {o.optimizer})"
+    )
     g.add_argument(
         "--optimizer-impl",
+        metavar="KIND",
         default=o.optimizer_impl,
         help=f"{' | '.join(OPTIMIZER_IMPLS)}: optimizer kernels (default {o.optimizer_impl}, fastest in app bench)",
     )
-    g.add_argument("--lr", type=float, default=o.lr, help=f"learning rate (default {o.lr:g})")
-    g.add_argument("--weight-decay", type=float, default=o.weight_decay, help="weight decay (default 0)")
-    g.add_argument("--batch-size", type=int, default=o.batch_size, help=f"per-rank batch (default {o.batch_size})")
+    g.add_argument("--lr", metavar="LR", type=float, default=o.lr, help=f"learning rate (default {o.lr:g})")
+    g.add_argument("--weight-decay", metavar="WD", type=float, default=o.weight_decay, help="weight decay (default 0)")
+    g.add_argument(
+        "--batch-size", metavar="N", type=int, default=o.batch_size, help=f"per-rank batch (default {o.batch_size})"
+    )
     g.add_argument(
         "--accum-steps",
+        metavar="K",
         type=int,
         default=o.accum_steps,
         help="micro-batches per optimizer step; all-reduce on the last only (default 1)",
     )
-    g.add_argument("--epochs", type=int, default=o.epochs, help=f"epochs (default {o.epochs})")
-    g.add_argument("--max-steps", type=int, default=o.max_steps, help="stop after N optimizer steps (0: no limit)")
-    g.add_argument("--precision", default=o.precision, help=f"{' | '.join(PRECISIONS)} (default fp32; fp16 needs CUDA)")
-    g.add_argument("--seed", type=int, default=o.seed, help="seed of weights, synthetic data and shuffle (default 0)")
+    g.add_argument("--epochs", metavar="N", type=int, default=o.epochs, help=f"epochs (default {o.epochs})")
+    g.add_argument(
+        "--max-steps", metavar="N", type=int, default=o.max_steps, help="stop after N optimizer steps (0: no limit)"
+    )
+    g.add_argument(
+        "--precision",
+        metavar="P",
+        default=o.precision,
+        help=f"{' | '.join(PRECISIONS)} (default fp32; fp16 needs CUDA)",
+    )
+    g.add_argument(
+        "--seed", metavar="N", type=int, default=o.seed, help="seed of weights, synthetic data and shuffle (default 0)"
+    )
     g = parser.add_argument_group("DDP")
-    g.add_argument("--bucket-cap-mb", type=float, default=k.bucket_cap_mb, help="gradient bucket MiB (default 25)")
+    g.add_argument(
+        "--bucket-cap-mb", metavar="MB", type=float, default=k.bucket_cap_mb, help="gradient bucket MiB (default 25)"
+    )
     g.add_argument(
         "--gradient-as-bucket-view",
         action=argparse.BooleanOptionalAction,
@@ -92,28 +122,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("output and checkpoints")
     g.add_argument(
         "--out",
+        metavar="DIR",
         type=Path,
         default=r.out,
         help=f"output folder (default {r.out}/): checkpoints/, metrics.jsonl, summary.json",
     )
     g.add_argument(
         "--resume",
+        metavar="none|auto|PATH",
         default=r.resume,
         help="none (default; refuses to overwrite checkpoints), auto (latest in OUT/checkpoints, if any) or PATH",
     )
     g.add_argument(
         "--checkpoint-every",
+        metavar="N",
         type=int,
         default=r.checkpoint_every,
         help="also checkpoint every N optimizer steps (default 0: epoch ends and the end)",
     )
     g.add_argument(
         "--checkpoint-every-epochs",
+        metavar="N",
         type=int,
         default=r.checkpoint_every_epochs,
         help="checkpoint every N epochs (default 1; 0: only the end)",
     )
-    g.add_argument("--keep-checkpoints", type=int, default=r.keep_checkpoints, help="newest to keep (default 3)")
+    g.add_argument(
+        "--keep-checkpoints", metavar="N", type=int, default=r.keep_checkpoints, help="newest to keep (default 3)"
+    )
     g.add_argument("--quiet", action="store_true", help="print only the final summary line")
     g.add_argument("--crash-at-step", type=int, default=0, help=argparse.SUPPRESS)
     g.add_argument("--crash-rank", type=int, default=0, help=argparse.SUPPRESS)
