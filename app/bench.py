@@ -46,19 +46,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     k = DDPConfig()
     parser.add_argument(
         "--nproc-per-node",
+        metavar="N",
         type=int,
         default=2,
         help="ranks to start with torchrun --standalone when run as one process (default 2)",
     )
-    parser.add_argument("--samples", type=int, default=8192, help="synthetic training samples (default 8192)")
-    parser.add_argument("--rounds", type=int, default=11, help="timed epochs of each loop, alternating (default 11)")
+    parser.add_argument(
+        "--samples", metavar="N", type=int, default=8192, help="synthetic training samples (default 8192)"
+    )
+    parser.add_argument(
+        "--rounds", metavar="N", type=int, default=11, help="timed epochs of each loop, alternating (default 11)"
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     parser.add_argument("--sweep", action="store_true", help="also time app train with each speed knob changed")
     parser.add_argument(
-        "--optimizer-impl", default=OptimConfig().optimizer_impl, help="app side: fused | foreach | loop"
+        "--optimizer-impl",
+        metavar="KIND",
+        default=OptimConfig().optimizer_impl,
+        help="app side: fused | foreach | loop",
     )
-    parser.add_argument("--loader", default=DataConfig().loader, help="app side: memory | dataloader")
-    parser.add_argument("--bucket-cap-mb", type=float, default=k.bucket_cap_mb, help="app side: bucket MiB")
+    parser.add_argument("--loader", metavar="KIND", default=DataConfig().loader, help="app side: memory | dataloader")
+    parser.add_argument(
+        "--bucket-cap-mb", metavar="MB", type=float, default=k.bucket_cap_mb, help="app side: bucket MiB"
+    )
     parser.add_argument(
         "--gradient-as-bucket-view",
         action=argparse.BooleanOptionalAction,
@@ -69,7 +79,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--static-graph", action=argparse.BooleanOptionalAction, default=k.static_graph, help="app side (default on)"
     )
     parser.add_argument(
-        "--launch-timeout", type=float, default=600, help="seconds before the started ranks are stopped (default 600)"
+        "--launch-timeout",
+        metavar="S",
+        type=float,
+        default=600,
+        help="seconds before the started ranks are stopped (default 600)",
     )
     add_dist_arguments(parser)
 
