@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from app.atomic import atomic_write_bytes
-from app.errors import UsageError
+from app.errors import ClusterError, UsageError
 
 FORMAT = 1
 """Version of the checkpoint layout; bumped when the keys change."""
@@ -60,11 +60,27 @@ def resolve_resume(out: Path, resume: str) -> Path | None:
     return chosen
 
 
+def ensure_writable(out: Path) -> None:
+    """Create ``out``/checkpoints and prove a file can be written there (UsageError if not)."""
+    try:
+        directory(out).mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(directory(out) / ".write-test", b"")
+        (directory(out) / ".write-test").unlink()
+    except OSError as error:
+        raise UsageError(f"cannot write to --out {out} ({error.strerror or error}): choose a writable folder") from None
+
+
 def save(out: Path, state: dict, step: int, keep: int) -> Path:
     """Write ``state`` as step ``step`` (temp file, fsync, rename), then keep only the ``keep`` newest."""
     buffer = io.BytesIO()
     torch.save({"format": FORMAT, **state}, buffer)
-    target = atomic_write_bytes(path_for(out, step), buffer.getvalue())
+    try:
+        target = atomic_write_bytes(path_for(out, step), buffer.getvalue())
+    except OSError as error:
+        raise ClusterError(
+            f"could not write checkpoint {path_for(out, step)} ({error.strerror or error}): "
+            "free some space or choose another --out; the earlier checkpoints are intact"
+        ) from None
     for old in existing(out)[:-keep]:
         old.unlink(missing_ok=True)
     return target

@@ -214,6 +214,7 @@ def prepare_data(cfg: TrainConfig, proc: ProcessInfo) -> data.Dataset:
 
 def _resume_state(cfg: TrainConfig, identity: dict) -> tuple[dict, str] | None:
     """On rank 0: the checkpoint to continue from, read and checked, or None to start fresh."""
+    checkpoint.ensure_writable(cfg.run.out)
     path = checkpoint.resolve_resume(cfg.run.out, cfg.run.resume)
     if path is None:
         return None

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from app.errors import UsageError
+from app.errors import ClusterError, UsageError
 from app.train import checkpoint
 
 
@@ -62,3 +62,16 @@ def test_identity_mismatch_names_the_flag(tmp_path) -> None:
     checkpoint.check_identity(tmp_path, saved, {"model": "mlp", "input_shape": [1, 28, 28]})
     with pytest.raises(UsageError, match="made with model 'mlp', this run has 'cnn': pass the same --model"):
         checkpoint.check_identity(tmp_path, saved, {"model": "cnn"})
+
+
+def test_unwritable_out_is_a_usage_error_and_a_failed_save_a_cluster_error(tmp_path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(UsageError, match="cannot write to --out"):
+        checkpoint.ensure_writable(blocker / "run")
+    checkpoint.ensure_writable(tmp_path / "run")
+    assert list((tmp_path / "run" / "checkpoints").iterdir()) == []  # the probe file is gone
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "checkpoints").write_text("a file where the folder goes")
+    with pytest.raises(ClusterError, match="could not write checkpoint"):
+        checkpoint.save(tmp_path / "taken", _state(1), 1, keep=1)
