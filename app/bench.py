@@ -34,6 +34,7 @@ from app.distributed import DistContext, add_dist_arguments, dist_config_from_ar
 from app.errors import ClusterError, UsageError
 from app.train import collective, data, models
 from app.train.config import DataConfig, DDPConfig, OptimConfig, RunConfig, TrainConfig
+from app.train.main import add_speed_arguments
 from app.train.report import Reporter
 from app.train.trainer import Trainer
 
@@ -43,7 +44,6 @@ SHAPE = (1, 28, 28)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m app bench``."""
-    k = DDPConfig()
     parser.add_argument(
         "--nproc-per-node",
         metavar="N",
@@ -59,25 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     parser.add_argument("--sweep", action="store_true", help="also time app train with each speed knob changed")
-    parser.add_argument(
-        "--optimizer-impl",
-        metavar="KIND",
-        default=OptimConfig().optimizer_impl,
-        help="app side: fused | foreach | loop",
-    )
-    parser.add_argument("--loader", metavar="KIND", default=DataConfig().loader, help="app side: memory | dataloader")
-    parser.add_argument(
-        "--bucket-cap-mb", metavar="MB", type=float, default=k.bucket_cap_mb, help="app side: bucket MiB"
-    )
-    parser.add_argument(
-        "--gradient-as-bucket-view",
-        action=argparse.BooleanOptionalAction,
-        default=k.gradient_as_bucket_view,
-        help="app side (default on)",
-    )
-    parser.add_argument(
-        "--static-graph", action=argparse.BooleanOptionalAction, default=k.static_graph, help="app side (default on)"
-    )
+    add_speed_arguments(parser.add_argument_group("app train side (default: its defaults)"))
     parser.add_argument(
         "--launch-timeout",
         metavar="S",

@@ -2,6 +2,7 @@
 
 import argparse
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 
 import torch.distributed as dist
@@ -30,10 +31,43 @@ from app.train.report import Reporter
 from app.train.trainer import Trainer
 
 
+def add_speed_arguments(group) -> None:
+    """The flags that decide speed; ``app bench`` takes the same ones."""
+    d, o, k = DataConfig(), OptimConfig(), DDPConfig()
+    group.add_argument(
+        "--loader",
+        metavar="KIND",
+        default=d.loader,
+        help=f"{' | '.join(LOADERS)}: batches indexed from memory (default, fast) or torch DataLoader "
+        "(workers, pinned memory on GPU)",
+    )
+    group.add_argument(
+        "--optimizer-impl",
+        metavar="KIND",
+        default=o.optimizer_impl,
+        help=f"{' | '.join(OPTIMIZER_IMPLS)}: optimizer kernels (default {o.optimizer_impl})",
+    )
+    group.add_argument(
+        "--bucket-cap-mb", metavar="MB", type=float, default=k.bucket_cap_mb, help="gradient bucket MiB (default 25)"
+    )
+    group.add_argument(
+        "--gradient-as-bucket-view",
+        action=argparse.BooleanOptionalAction,
+        default=k.gradient_as_bucket_view,
+        help="gradients alias the buckets (default on)",
+    )
+    group.add_argument(
+        "--static-graph",
+        action=argparse.BooleanOptionalAction,
+        default=k.static_graph,
+        help="the same graph every step (default on; off with --accum-steps > 1)",
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m app train`` (stable: --dataset --model --epochs --out --resume)."""
     parser.usage = "%(prog)s [--dataset digits] [--model mlp] [--epochs N] [--out DIR] [--resume auto] [options]"
-    d, o, k, r = DataConfig(), OptimConfig(), DDPConfig(), RunConfig()
+    d, o, r = DataConfig(), OptimConfig(), RunConfig()
     g = parser.add_argument_group("data")
     g.add_argument(
         "--dataset",
@@ -52,13 +86,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--train-samples", metavar="N", type=int, default=d.train_samples, help="synthetic training samples")
     g.add_argument("--test-samples", metavar="N", type=int, default=d.test_samples, help="synthetic test samples")
     g.add_argument(
-        "--loader",
-        metavar="KIND",
-        default=d.loader,
-        help=f"{' | '.join(LOADERS)}: batches indexed from memory "
-        "(default, fast) or torch DataLoader (workers, pinned memory on GPU)",
-    )
-    g.add_argument(
         "--workers", metavar="N", type=int, default=d.workers, help="DataLoader workers with --loader dataloader"
     )
     g = parser.add_argument_group("model and optimisation")
@@ -70,12 +97,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--optimizer", metavar="NAME", default=o.optimizer, help=f"{' | '.join(OPTIMIZERS)} (default {o.optimizer})"
-    )
-    g.add_argument(
-        "--optimizer-impl",
-        metavar="KIND",
-        default=o.optimizer_impl,
-        help=f"{' | '.join(OPTIMIZER_IMPLS)}: optimizer kernels (default {o.optimizer_impl}, fastest in app bench)",
     )
     g.add_argument("--lr", metavar="LR", type=float, default=o.lr, help=f"learning rate (default {o.lr:g})")
     g.add_argument("--weight-decay", metavar="WD", type=float, default=o.weight_decay, help="weight decay (default 0)")
@@ -102,22 +123,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--seed", metavar="N", type=int, default=o.seed, help="seed of weights, synthetic data and shuffle (default 0)"
     )
-    g = parser.add_argument_group("DDP")
-    g.add_argument(
-        "--bucket-cap-mb", metavar="MB", type=float, default=k.bucket_cap_mb, help="gradient bucket MiB (default 25)"
-    )
-    g.add_argument(
-        "--gradient-as-bucket-view",
-        action=argparse.BooleanOptionalAction,
-        default=k.gradient_as_bucket_view,
-        help="gradients alias the buckets (default on)",
-    )
-    g.add_argument(
-        "--static-graph",
-        action=argparse.BooleanOptionalAction,
-        default=k.static_graph,
-        help="the same graph every step (default on)",
-    )
+    g = parser.add_argument_group("DDP and speed (defaults chosen with python -m app bench --sweep)")
+    add_speed_arguments(g)
     g.add_argument("--sync-bn", action="store_true", help="BatchNorm -> SyncBatchNorm (CUDA)")
     g = parser.add_argument_group("output and checkpoints")
     g.add_argument(
@@ -156,49 +163,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dist_arguments(parser)
 
 
+def _section(cls, args: argparse.Namespace, **given):
+    """A config section from the flags of the same names (``given`` overrides)."""
+    return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if f.name not in given}, **given)
+
+
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The TrainConfig the flags describe (raises UsageError on a bad value)."""
     return TrainConfig(
-        data=DataConfig(
-            dataset=args.dataset,
-            data_dir=args.data_dir,
-            download=args.download,
-            input_shape=parse_shape(args.input_shape),
-            num_classes=args.num_classes,
-            train_samples=args.train_samples,
-            test_samples=args.test_samples,
-            loader=args.loader,
-            workers=args.workers,
-        ),
-        optim=OptimConfig(
-            model=args.model,
-            optimizer=args.optimizer,
-            optimizer_impl=args.optimizer_impl,
-            lr=args.lr,
-            weight_decay=args.weight_decay,
-            batch_size=args.batch_size,
-            accum_steps=args.accum_steps,
-            epochs=args.epochs,
-            max_steps=args.max_steps,
-            precision=args.precision,
-            seed=args.seed,
-        ),
-        ddp=DDPConfig(
-            bucket_cap_mb=args.bucket_cap_mb,
-            gradient_as_bucket_view=args.gradient_as_bucket_view,
-            static_graph=args.static_graph,
-            sync_bn=args.sync_bn,
-        ),
-        run=RunConfig(
-            out=args.out,
-            resume=args.resume,
-            checkpoint_every=args.checkpoint_every,
-            checkpoint_every_epochs=args.checkpoint_every_epochs,
-            keep_checkpoints=args.keep_checkpoints,
-            quiet=args.quiet,
-            crash_at_step=args.crash_at_step,
-            crash_rank=args.crash_rank,
-        ),
+        data=_section(DataConfig, args, input_shape=parse_shape(args.input_shape)),
+        optim=_section(OptimConfig, args),
+        ddp=_section(DDPConfig, args),
+        run=_section(RunConfig, args),
     )
 
 
