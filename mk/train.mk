@@ -31,4 +31,4 @@ venv-tv: $(TV_VENV)/.stamp ## Create .venv-tv: torch 2.14.1 + torchvision 0.29.1
 
 .PHONY: test-torchvision
 test-torchvision: venv-tv ## Tests that need torchvision (MNIST, CIFAR-10, ResNet-18), in .venv-tv.
-	$(TV_VENV)/bin/python -m pytest -m torchvision tests $(PYTEST_ARGS)
+	$(TV_VENV)/bin/python -m pytest -m torchvision tests/unit tests/integration $(PYTEST_ARGS)
