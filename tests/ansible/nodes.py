@@ -71,13 +71,13 @@ def down(prefix: str) -> None:
     label = f"label=ddp-cluster.nodes={prefix}"
     containers = docker("ps", "-aq", "--filter", label).stdout.split()
     if containers:
-        docker("rm", "--force", "--volumes", *containers)
+        docker("rm", "--force", "--volumes", *containers, check=False)
     volumes = [v for v in docker("volume", "ls", "-q").stdout.split() if v.startswith(f"{prefix}-node")]
     if volumes:
-        docker("volume", "rm", "--force", *volumes)
+        docker("volume", "rm", "--force", *volumes, check=False)
     networks = docker("network", "ls", "-q", "--filter", label).stdout.split()
     if networks:
-        docker("network", "rm", *networks)
+        docker("network", "rm", *networks, check=False)  # gone already is fine: leftovers() tells
 
 
 def inventory(prefix: str, count: int) -> dict:

@@ -110,6 +110,18 @@ def test_a_failing_job_fails_the_play_with_its_error(deployed: dict) -> None:
     assert not (deployed["runs"] / "bad" / "summary.json").exists()
 
 
+def test_mpirun_mode_runs_the_job_from_the_head_node_over_ssh(deployed: dict) -> None:
+    job = {"launch_job_name": "mpi-check", "launch_app_args": ["check", "--json", "/results/check.json"]}
+    extravars = {**deployed["extravars"], **job, "launch_mode": "mpirun", "launch_summary_file": "check.json"}
+    run = run_playbook(DEPLOY, deployed["inventory"], extravars, tags="launch", timeout=600)
+    assert run.status == "successful", run.stdout[-4000:]
+    check = json.loads((deployed["runs"] / "mpi-check" / "check.json").read_text())
+    assert check["launcher"] == "openmpi" and check["world_size"] == 4
+    assert {r["host"] for r in check["ranks"]} == {"node0", "node1"}
+    for name in deployed["names"]:
+        assert node_exec(name, "docker", "ps", "-aq") == "", "an sshd or job container was left running"
+
+
 def test_container_toolkit_merges_the_runtime_into_daemon_json(deployed: dict) -> None:
     node = deployed["names"][1]
     node_write(
