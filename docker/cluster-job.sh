@@ -98,7 +98,7 @@ if ((status == 124 || status == 137)); then
 fi
 
 mkdir -p "$results"
-if "${compose[@]}" cp "$main:/results/." "$results/" >/dev/null 2>&1; then
+if timeout 300 "${compose[@]}" cp "$main:/results/." "$results/" >/dev/null 2>&1; then
     summary=$(find "$results" -name summary.json -newermt "-${elapsed} seconds" -printf '%T@ %p\n' 2>/dev/null | sort -n | tail -n1 | cut -d' ' -f2-)
     if [[ -n $summary ]]; then
         echo "cluster: summary ($summary):"
@@ -107,6 +107,6 @@ if "${compose[@]}" cp "$main:/results/." "$results/" >/dev/null 2>&1; then
     echo "cluster: results in $results (checkpoints, metrics, summaries; the volume ${project}_results keeps them until cluster-down)"
 fi
 # The job is over: stop what still runs (the mpi profile's sshd workers); keep logs and volumes.
-"${compose[@]}" --profile mpi stop --timeout 10 >/dev/null 2>&1 || true
+timeout 120 "${compose[@]}" --profile mpi stop --timeout 10 >/dev/null 2>&1 || true
 echo "cluster: job exit status $status after ${elapsed}s; logs: make cluster-logs; remove: make cluster-down"
 exit "$status"

@@ -8,7 +8,6 @@ tagged ddp-cluster-test:* so the tests never replace a user's ddp-cluster:* imag
 import json
 import shutil
 import subprocess
-import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +57,7 @@ def engine() -> None:
 
 def build(flavour: str) -> str:
     """Build IMAGE_NAME:FLAVOUR offline (cached layers make repeats fast); returns the tag."""
-    proc = make(f"image-{flavour}", f"PYTHON={sys.executable}", timeout=BUILD_TIMEOUT)
+    proc = make(f"image-{flavour}", timeout=BUILD_TIMEOUT)
     assert proc.returncode == 0, f"building the {flavour} image failed\n{explain(proc)}"
     return f"{IMAGE_NAME}:{flavour}"
 

@@ -57,6 +57,14 @@ def test_failing_job_fails_cluster_up(cluster):
     assert "job exit status" in proc.stdout
 
 
+def test_worker_failure_fails_cluster_up(cluster):
+    """A rank dying on a worker container ends the job with an error, within bounds."""
+    script = "SCRIPT=tests/docker/jobs/last_rank_fails.py"
+    proc = cluster.make("cluster-up", script, "NPROC_PER_NODE=1", "CLUSTER_TIMEOUT=240", timeout=400)
+    assert proc.returncode != 0, explain(proc)
+    assert "ran past CLUSTER_TIMEOUT" not in proc.stderr, "the failure was only caught by the timeout"
+
+
 def test_mpi_profile_runs_check_over_ssh(cluster):
     proc = cluster.make("cluster-mpi", "MPI_JOB=check --json /results/check.json")
     assert proc.returncode == 0, explain(proc)
