@@ -103,13 +103,19 @@ version=$(git -C "$root" describe --tags --always --dirty 2>/dev/null || echo de
 revision=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
 say "building $tag (target $flavour) from $base_image; log: ${log#"$root"/}"
 start=$SECONDS
-if ! docker build -f "$root/docker/Dockerfile" --target "$flavour" -t "$tag" \
+previous=$(docker image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)
+# --force-rm: a failed step leaves no stopped container behind.
+if ! docker build --force-rm -f "$root/docker/Dockerfile" --target "$flavour" -t "$tag" \
         --build-arg BASE_IMAGE="$base_image" --build-arg WHEELS_IMAGE="$wheels" \
         --build-arg CUDA_STANDIN="$standin" \
         --build-arg VERSION="$version" --build-arg REVISION="$revision" \
         "$root" >"$log" 2>&1; then
     tail -n 15 "$log" >&2
     die "docker build of $tag failed (full log: $log)"
+fi
+# The image this tag named before, now untagged, would only take space: remove it unless in use.
+if [[ -n $previous && $previous != "$(docker image inspect --format '{{.Id}}' "$tag")" ]]; then
+    docker rmi "$previous" >/dev/null 2>&1 || true
 fi
 size=$(docker image inspect --format '{{.Size}}' "$tag" | awk '{printf "%.2f GB", $1/1e9}')
 say "built $tag: $size in $((SECONDS - start)) s"

@@ -65,17 +65,8 @@ def test_cuda_target_refuses_cpu_torch_unless_standin(cuda_image):
     """The guard: a CPU wheel must not slip into a GPU image unnoticed."""
     args = ["BASE_IMAGE=ddp-cluster-base:bookworm", "WHEELS_IMAGE=ddp-cluster-wheels:cpu", "CUDA_STANDIN=0"]
     build_args = [item for arg in args for item in ("--build-arg", arg)]
-    cmd = [
-        "docker",
-        "build",
-        "-f",
-        "docker/Dockerfile",
-        "--target",
-        "cuda",
-        *build_args,
-        "-t",
-        "ddp-cluster-test:guard",
-    ]
+    # --force-rm: the failing step leaves no stopped container behind.
+    cmd = ["docker", "build", "--force-rm", "-f", "docker/Dockerfile", "--target", "cuda", *build_args]
     proc = run([*cmd, str(ROOT)], 900)
     assert proc.returncode != 0, explain(proc)
     assert "has no CUDA" in proc.stdout + proc.stderr, explain(proc)
