@@ -99,6 +99,7 @@ def test_compose_file_publishes_nothing_and_isolates_the_network(engine):
     assert proc.returncode == 0, explain(proc)
     services = json.loads(proc.stdout)
     assert all("ports" not in s for s in services["services"].values())
+    assert all(s["cap_drop"] == ["ALL"] for s in services["services"].values())
     assert services["networks"]["cluster"]["internal"] is True
     assert "version" not in services
 
