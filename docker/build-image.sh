@@ -52,8 +52,8 @@ case $base in auto|upstream|local) ;; *) die "BASE must be auto, upstream or loc
 tag=${tag:-ddp-cluster:$flavour}
 docker info >/dev/null 2>&1 || die "no Docker engine answers; run 'make engine' first"
 
-present_or_pulled() {
-    docker image inspect "$1" >/dev/null 2>&1 || timeout 900 docker pull -q "$1" >/dev/null 2>&1
+present_or_pulled() {  # IMAGE SECONDS: a registry that does not answer costs at most SECONDS
+    docker image inspect "$1" >/dev/null 2>&1 || timeout "$2" docker pull -q "$1" >/dev/null 2>&1
 }
 local_base_image() {
     docker image inspect "$local_base" >/dev/null 2>&1 || "$root/docker/build-base.sh" --tag "$local_base" >&2
@@ -62,10 +62,10 @@ local_base_image() {
 pick_base() {  # prints the base image to build from
     local upstream=$1
     case $base in
-        upstream) present_or_pulled "$upstream" || die "cannot pull $upstream (no registry reachable?); build offline with BASE=local"
+        upstream) present_or_pulled "$upstream" 900 || die "cannot pull $upstream (no registry reachable?); build offline with BASE=local"
                   echo "$upstream" ;;
         local) local_base_image ;;
-        auto) if present_or_pulled "$upstream"; then echo "$upstream"
+        auto) if present_or_pulled "$upstream" 300; then echo "$upstream"
               else say "$upstream cannot be pulled: using the local base (BASE=local)" >&2; local_base_image; fi ;;
     esac
 }
