@@ -11,7 +11,7 @@ NPROC ?= 2
 PY := $(VENV)/bin/python
 
 # Targets the areas' own files (mk/*.mk) add for `make test`, e.g. the engine and the images.
-TEST_PREREQS := host-deps
+TEST_PREREQS :=
 # Test suites run after the main pytest run, e.g. the torchvision suite in its own venv.
 EXTRA_TESTS :=
 
@@ -36,12 +36,14 @@ $(VENV)/.stamp: pyproject.toml
 venv: $(VENV)/.stamp ## Create the Python environment in .venv (torch CPU, test and lint tools).
 
 .PHONY: host-deps
-host-deps: ## Install the host packages the tests use (OpenMPI) on Debian/Ubuntu if missing.
-	@if command -v mpirun >/dev/null; then exit 0; fi; \
+host-deps: ## Install the host packages the tests use (OpenMPI, shellcheck) on Debian/Ubuntu if missing.
+	@missing=""; command -v mpirun >/dev/null || missing="openmpi-bin libopenmpi-dev"; \
+	command -v shellcheck >/dev/null || missing="$$missing shellcheck"; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
 	if command -v apt-get >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	    openmpi-bin libopenmpi-dev >/dev/null; \
-	else echo "error: mpirun not found: install OpenMPI (openmpi-bin) with your package manager" >&2; exit 1; fi
+	    $$missing >/dev/null; \
+	else echo "error: missing $$missing: install them with your package manager" >&2; exit 1; fi
 
 .PHONY: demo
 demo: venv ## Run the health check and a 2-process check on local processes (no containers).
@@ -49,12 +51,13 @@ demo: venv ## Run the health check and a 2-process check on local processes (no 
 	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m app check
 
 .PHONY: lint
-lint: venv ## Lint: ruff, yamllint, ansible-lint, hadolint (each where it applies).
+lint: venv host-deps ## Lint: ruff, yamllint, ansible-lint, hadolint (each where it applies).
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check app tests
-	@if ls *.yaml *.yml ansible >/dev/null 2>&1; then $(VENV)/bin/yamllint -s .; fi
-	@if [ -f ansible/deploy.yml ]; then cd ansible && ../$(VENV)/bin/ansible-lint; fi
-	@if [ -f docker/Dockerfile ]; then $(VENV)/bin/hadolint docker/Dockerfile; fi
+	$(VENV)/bin/yamllint -s .
+	cd ansible && ../$(VENV)/bin/ansible-lint
+	$(VENV)/bin/hadolint docker/Dockerfile docker/wheelhouse.Dockerfile
+	shellcheck docker/*.sh .ci/run
 
 -include $(wildcard mk/*.mk)
 
@@ -65,6 +68,6 @@ test-unit: venv ## Unit tests only (seconds).
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 .PHONY: test
-test: venv $(TEST_PREREQS) ## All tests: unit, real multi-process, containers, Ansible (sets up what it needs).
+test: venv host-deps lint $(TEST_PREREQS) ## Lint, then all tests: unit, real processes, containers, Ansible (sets up what it needs).
 	$(PY) -m pytest $(PYTEST_ARGS)
 	@for target in $(EXTRA_TESTS); do $(MAKE) --no-print-directory $$target; done
