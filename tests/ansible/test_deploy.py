@@ -141,6 +141,22 @@ def test_container_toolkit_merges_the_runtime_into_daemon_json(deployed: dict) -
     assert second.status == "successful" and second.total("changed") == 0, second.stats
 
 
+def test_firewall_rules_admit_only_the_cluster_hosts(deployed: dict) -> None:
+    extravars = {**deployed["extravars"], "cluster_config_firewall": "ufw", "base_extra_packages": ["ufw"]}
+    run = run_playbook(DEPLOY, deployed["inventory"], extravars, tags="base,config", timeout=600)
+    assert run.status == "successful", run.stdout[-4000:]
+    addresses = [
+        line.split()[0] for line in node_exec(deployed["names"][0], "cat", "/etc/ddp-cluster/hostfile").splitlines()
+    ]
+    added = node_exec(deployed["names"][1], "ufw", "show", "added")
+    for address in addresses:
+        for port in ("29500", "32768:60999"):
+            assert f"allow from {address} to any port {port} proto tcp" in added, added
+    assert "allow 29500" not in added and "from any" not in added, added
+    again = run_playbook(DEPLOY, deployed["inventory"], extravars, tags="config", timeout=600)
+    assert again.status == "successful" and again.total("changed") == 0, again.stats
+
+
 def test_an_inventory_without_cluster_hosts_is_refused_in_one_line(tmp_path: Path) -> None:
     broken = tmp_path / "broken.yml"
     broken.write_text("all:\n  hosts: [unclosed\n")
