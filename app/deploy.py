@@ -80,6 +80,15 @@ def parse_extravar(text: str) -> dict[str, object]:
         return {key: raw}
 
 
+def _result_message(result: dict) -> str:
+    """The most telling line of a failed task's result (fact gathering nests it per module)."""
+    for module in (result.get("failed_modules") or {}).values():
+        detail = str(module.get("module_stderr") or module.get("msg") or "").strip()
+        if detail:
+            return detail
+    return str(result.get("msg") or result.get("stderr") or "failed").strip()
+
+
 def first_failure(events: list[dict]) -> str:
     """'host: task: message' of the first failed or unreachable task, or '' when none."""
     for event in events:
@@ -87,9 +96,8 @@ def first_failure(events: list[dict]) -> str:
             data = event.get("event_data", {})
             if data.get("ignore_errors"):
                 continue
-            result = data.get("res", {})
-            message = str(result.get("msg") or result.get("stderr") or "failed").strip().splitlines()
-            return f"{data.get('host', '?')}: task '{data.get('task', '?')}': {' '.join(message)[:500]}"
+            message = " ".join(_result_message(data.get("res", {})).split())
+            return f"{data.get('host', '?')}: task '{data.get('task', '?')}': {message[:500]}"
     return ""
 
 
