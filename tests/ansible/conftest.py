@@ -39,9 +39,10 @@ class Run:
 
 
 def ansible_env() -> dict[str, str]:
-    """Environment for ansible-playbook: the repo's ansible.cfg and roles, the venv's binaries first."""
+    """Environment for ansible-playbook: this one plus the repo's ansible.cfg and roles, the venv's binaries first."""
     bindir = str(Path(sys.executable).parent)
     return {
+        **os.environ,
         "ANSIBLE_CONFIG": str(ANSIBLE_DIR / "ansible.cfg"),
         "ANSIBLE_ROLES_PATH": str(ANSIBLE_DIR / "roles"),
         "ANSIBLE_NOCOLOR": "1",

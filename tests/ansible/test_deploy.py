@@ -39,6 +39,7 @@ def deployed(node_cluster: dict, tmp_path_factory: pytest.TempPathFactory) -> di
     """One full deploy through `python -m app deploy` (ansible-runner) onto fresh nodes."""
     work = tmp_path_factory.mktemp("deploy")
     extravars = {"launch_fetch_dir": str(work / "runs"), "image_cache_dir": str(work / "images"),
+                 "launch_ssh_key_dir": str(work / "ssh"),
                  "image_name": node_cluster["image"], "image_build_command": ""}  # fmt: skip
     command = [sys.executable, "-m", "app", "deploy", "-i", str(node_cluster["inventory"]), "-e", json.dumps(extravars)]
     start = time.monotonic()
