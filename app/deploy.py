@@ -81,12 +81,19 @@ def parse_extravar(text: str) -> dict[str, object]:
 
 
 def _result_message(result: dict) -> str:
-    """The most telling line of a failed task's result (fact gathering nests it per module)."""
+    """The most telling line of a failed task's result: a failed loop item's, a failed module's
+    under fact gathering, a command's stderr, else Ansible's message."""
+    for item in result.get("results") or []:
+        if isinstance(item, dict) and item.get("failed"):
+            return _result_message(item)
     for module in (result.get("failed_modules") or {}).values():
         detail = str(module.get("module_stderr") or module.get("msg") or "").strip()
         if detail:
             return detail
-    return str(result.get("msg") or result.get("stderr") or "failed").strip()
+    stderr = str(result.get("stderr") or "").strip()
+    if stderr and result.get("rc"):
+        return stderr.splitlines()[-1]
+    return str(result.get("msg") or stderr or "failed").strip()
 
 
 def first_failure(events: list[dict]) -> str:

@@ -55,6 +55,18 @@ def test_first_failure_names_host_task_and_the_telling_message() -> None:
     assert first_failure([]) == ""
 
 
+def test_first_failure_digs_into_loop_items_and_command_errors() -> None:
+    item = {
+        "failed": True,
+        "rc": 2,
+        "msg": "non-zero return code",
+        "stderr": "Traceback ...\nerror: torchrun needs the same slots on every host, got [2, 3]",
+    }
+    events = [{"event": "runner_on_failed", "event_data": {"host": "localhost", "task": "Render", "res": {
+        "msg": "One or more items failed", "results": [{"failed": False}, item]}}}]  # fmt: skip
+    assert first_failure(events).endswith("'Render': error: torchrun needs the same slots on every host, got [2, 3]")
+
+
 def test_deploy_imports_no_torch() -> None:
     code = "import sys, app.deploy; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
