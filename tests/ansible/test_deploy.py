@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.ansible import nodes
 from tests.ansible.conftest import ANSIBLE_DIR, ansible_env, record_timing, run_playbook
@@ -121,6 +122,28 @@ def test_mpirun_mode_runs_the_job_from_the_head_node_over_ssh(deployed: dict) ->
     assert {r["host"] for r in check["ranks"]} == {"node0", "node1"}
     for name in deployed["names"]:
         assert node_exec(name, "docker", "ps", "-aq") == "", "an sshd or job container was left running"
+
+
+def test_uneven_nodes_run_under_mpirun_and_are_refused_by_torchrun(deployed: dict, tmp_path: Path) -> None:
+    uneven = yaml.safe_load(deployed["inventory"].read_text())
+    uneven["all"]["children"]["ddp_cluster"]["hosts"][deployed["names"][1]] = {"cluster_config_slots": 1}
+    inventory = tmp_path / "uneven.yml"
+    inventory.write_text(yaml.safe_dump(uneven))
+    job = {**deployed["extravars"], "launch_app_args": ["check", "--json", "/results/check.json"],
+           "launch_summary_file": "check.json"}  # fmt: skip
+    try:
+        mpi_job = {**job, "launch_mode": "mpirun", "launch_job_name": "uneven-mpi"}
+        mpi = run_playbook(DEPLOY, inventory, mpi_job, tags="config,launch", timeout=600)
+        assert mpi.status == "successful", mpi.stdout[-4000:]
+        check = json.loads((deployed["runs"] / "uneven-mpi" / "check.json").read_text())
+        assert check["world_size"] == 3
+        torchrun = run_playbook(DEPLOY, inventory, {**job, "launch_job_name": "uneven-torchrun"}, tags="launch")
+        assert torchrun.status == "failed"
+        text = " ".join(torchrun.stdout.split())
+        assert "torchrun needs the same slots on every node; set launch_mode: mpirun" in text
+    finally:
+        restored = run_playbook(DEPLOY, deployed["inventory"], deployed["extravars"], tags="config", timeout=600)
+        assert restored.status == "successful", restored.stdout[-2000:]
 
 
 def test_container_toolkit_merges_the_runtime_into_daemon_json(deployed: dict) -> None:
