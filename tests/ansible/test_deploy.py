@@ -37,11 +37,14 @@ json.dump(config, sys.stdout, indent=4)
 
 @pytest.fixture(scope="module")
 def deployed(node_cluster: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """One full deploy through `python -m app deploy` (ansible-runner) onto fresh nodes."""
+    """A --check run on the bare nodes, then one full deploy through `python -m app deploy` (ansible-runner)."""
     work = tmp_path_factory.mktemp("deploy")
     extravars = {"launch_fetch_dir": str(work / "runs"), "image_cache_dir": str(work / "images"),
                  "launch_ssh_key_dir": str(work / "ssh"),
                  "image_name": node_cluster["image"], "image_build_command": ""}  # fmt: skip
+    dry = run_playbook(DEPLOY, node_cluster["inventory"], extravars, cmdline="--check")
+    assert dry.status == "successful" and dry.total("failures") == 0, dry.stdout[-4000:]
+    assert "would be shipped to" in dry.stdout and dry.total("changed") > 0, "a dry run on bare nodes saw nothing to do"
     command = [sys.executable, "-m", "app", "deploy", "-i", str(node_cluster["inventory"]), "-e", json.dumps(extravars)]
     start = time.monotonic()
     result = subprocess.run(command, cwd=nodes.REPO, capture_output=True, text=True, timeout=1800, env=ansible_env())
