@@ -249,6 +249,8 @@ def build_report(ctx: DistContext, cfg: CheckConfig) -> dict:
     """Run the check on this rank and return the whole cluster's report (or this rank's view)."""
     local = {**_rank_info(ctx), "operations": run_operations(ctx, cfg)}
     gathered = _gather(ctx, local)
+    if gathered is None:
+        ctx.mark_broken("the check could not gather every rank's report")
     reports = gathered if gathered is not None else [local]
     operations = merge([r["operations"] for r in reports])
     failures = [

@@ -11,7 +11,7 @@ one, otherwise a TCP store on MASTER_ADDR:MASTER_PORT that rank 0 serves.
 import argparse
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -53,6 +53,12 @@ class DistContext:
     proc: ProcessInfo
     backend: str
     device: torch.device
+    broken: list[str] = field(default_factory=list)
+    """Why the group can no longer be trusted (a collective failed); non-empty skips the exit barrier."""
+
+    def mark_broken(self, reason: str) -> None:
+        """Record that a collective failed, so leaving the group does not wait on the lost peers."""
+        self.broken.append(reason)
 
 
 def resolve_backend(requested: str, local_rank: int, cuda_available: bool, gpu_count: int) -> str:
@@ -154,7 +160,25 @@ def process_group(proc: ProcessInfo, cfg: DistConfig) -> Iterator[DistContext]:
         torch.cuda.set_device(device)
     try:
         _init(proc, cfg, backend, device)
-        yield DistContext(proc=proc, backend=backend, device=device)
+        ctx = DistContext(proc=proc, backend=backend, device=device)
+        yield ctx
+        if not ctx.broken:
+            _leave_together(ctx)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _leave_together(ctx: DistContext) -> None:
+    """Wait (within the timeout) until every rank is done before tearing the group down.
+
+    A rank that destroys its connections while a peer is still finishing (rank 0 writing the last
+    checkpoint, say) can make the peer hang or abort at exit; after this barrier no traffic is left.
+    """
+    try:
+        dist.barrier()
+    except (RuntimeError, ValueError) as error:
+        raise ClusterError(
+            f"rank {ctx.proc.rank} finished but the other ranks did not reach the end "
+            f"({str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__})"
+        ) from None
