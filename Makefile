@@ -51,7 +51,7 @@ demo: venv ## Run the health check and a 2-process check on local processes (no 
 	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m app check
 
 .PHONY: lint
-lint: venv host-deps ## Lint: ruff, yamllint, ansible-lint, hadolint (each where it applies).
+lint: venv host-deps ## Lint: ruff (check + format), yamllint, ansible-lint (production), hadolint, shellcheck.
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check app tests
 	$(VENV)/bin/yamllint -s .
