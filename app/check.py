@@ -15,7 +15,6 @@ non-zero naming the failing operation and rank. A collective that hangs fails af
 
 import argparse
 import json
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -27,7 +26,7 @@ import torch.distributed as dist
 from app import launcher
 from app.atomic import atomic_write_text
 from app.distributed import DistContext, add_dist_arguments, dist_config_from_args, process_group
-from app.errors import ClusterError, UsageError
+from app.errors import ClusterError, UsageError, first_line
 
 FAULT_OFFSET = 1000.0
 """Added by --inject-fault to the value a rank sends, so the check must catch it."""
@@ -184,17 +183,11 @@ def run_operations(ctx: DistContext, cfg: CheckConfig) -> list[OpResult]:
         try:
             results.append(_run_one(ctx, cfg, name))
         except (RuntimeError, ValueError) as error:  # gloo/NCCL errors and timeouts
-            results.append(OpResult(name, False, failed_ranks=[ctx.proc.rank], detail=_reason(error)))
+            results.append(OpResult(name, False, failed_ranks=[ctx.proc.rank], detail=first_line(error)))
             done = {r.name for r in results}
             results += [OpResult(n, False, ran=False, detail="not run") for n in OPERATIONS if n not in done]
             break
     return results
-
-
-def _reason(error: Exception) -> str:
-    """The first line of a backend error, without gloo's source-file prefix."""
-    text = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    return re.sub(r"^\[[^\]]*\]\s*", "", text)
 
 
 def merge(per_rank: list[list[OpResult]]) -> list[OpResult]:

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from app import launcher
-from app.errors import ClusterError, UsageError
+from app.errors import ClusterError, UsageError, first_line
 from app.launcher import ProcessInfo
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -113,7 +113,7 @@ def _store(proc: ProcessInfo, timeout: timedelta) -> dist.Store:
         role = "serve" if proc.is_main else "reach"
         raise ClusterError(
             f"rank {proc.rank} could not {role} the rendezvous at {proc.master_addr}:{proc.master_port} "
-            f"({str(error).splitlines()[0]}): check MASTER_ADDR/MASTER_PORT and that the port is free"
+            f"({first_line(error)}): check MASTER_ADDR/MASTER_PORT and that the port is free"
         ) from None
 
 
@@ -145,7 +145,7 @@ def _init(proc: ProcessInfo, cfg: DistConfig, backend: str, device: torch.device
     except (RuntimeError, ValueError) as error:
         raise ClusterError(
             f"rank {proc.rank} could not join the {proc.world_size}-process group within {cfg.timeout_s:g}s "
-            f"({str(error).splitlines()[0]}): check that every rank started and can reach the others"
+            f"({first_line(error)}): check that every rank started and can reach the others"
         ) from None
 
 
@@ -179,6 +179,5 @@ def _leave_together(ctx: DistContext) -> None:
         dist.barrier()
     except (RuntimeError, ValueError) as error:
         raise ClusterError(
-            f"rank {ctx.proc.rank} finished but the other ranks did not reach the end "
-            f"({str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__})"
+            f"rank {ctx.proc.rank} finished but the other ranks did not reach the end ({first_line(error)})"
         ) from None

@@ -1,5 +1,7 @@
 """Errors that the command line turns into a one-line message and exit status 2."""
 
+import re
+
 
 class UsageError(Exception):
     """Bad input (environment, flags, files): the message names the problem and the fix."""
@@ -7,3 +9,9 @@ class UsageError(Exception):
 
 class ClusterError(Exception):
     """The cluster misbehaved (rendezvous timed out, a collective failed): exit status 1."""
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message (its type when empty), without gloo's ``[file:line]`` prefix."""
+    text = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return re.sub(r"^\[[^\]]*\]\s*", "", text)

@@ -13,7 +13,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from app.errors import UsageError
+from app.errors import UsageError, first_line
 from app.train.config import DataConfig
 
 MNIST_MEAN_STD = ((0.1307,), (0.3081,))
@@ -95,7 +95,7 @@ def _torchvision_split(cls, root: Path, train: bool, download: bool, layout: str
         return cls(root=str(root), train=train, download=download)
     except RuntimeError as error:
         raise UsageError(
-            f"{cls.__name__} files not found under {root} ({str(error).splitlines()[0]}): "
+            f"{cls.__name__} files not found under {root} ({first_line(error)}): "
             f"put them in {root}/{layout} or add --download"
         ) from None
 

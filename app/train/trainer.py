@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from app import launcher
 from app.distributed import DistContext
-from app.errors import UsageError
+from app.errors import UsageError, first_line
 from app.train import checkpoint, collective, models
 from app.train import precision as amp
 from app.train.config import TrainConfig
@@ -131,8 +131,7 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, KeyError, ValueError) as error:
             raise UsageError(
-                f"checkpoint {source} does not fit this model ({str(error).splitlines()[0][:200]}): "
-                "choose another --out"
+                f"checkpoint {source} does not fit this model ({first_line(error)[:200]}): choose another --out"
             ) from None
         if self.precision.scaler and state.get("scaler"):
             self.precision.scaler.load_state_dict(state["scaler"])
