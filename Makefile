@@ -9,6 +9,8 @@ TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 NPROC ?= 2
 PY := $(VENV)/bin/python
+# Every shell script of the repository (by extension or by a bash/sh shebang), for shellcheck.
+SHELL_SCRIPTS = $(shell git ls-files -co --exclude-standard | xargs grep -lsE '^\#!/(usr/)?bin/(env )?(ba)?sh' | sort)
 
 # Targets the areas' own files (mk/*.mk) add for `make test`, e.g. the engine and the images.
 TEST_PREREQS :=
@@ -53,11 +55,11 @@ demo: venv ## Run the health check and a 2-process check on local processes (no 
 .PHONY: lint
 lint: venv host-deps ## Lint: ruff (check + format), yamllint, ansible-lint (production), hadolint, shellcheck.
 	$(PY) -m ruff check .
-	$(PY) -m ruff format --check app tests
+	$(PY) -m ruff format --check app tests cluster
 	$(VENV)/bin/yamllint -s .
 	cd ansible && ../$(VENV)/bin/ansible-lint
 	$(VENV)/bin/hadolint docker/Dockerfile docker/wheelhouse.Dockerfile
-	shellcheck docker/*.sh .ci/run
+	shellcheck $(SHELL_SCRIPTS)
 
 -include $(wildcard mk/*.mk)
 

@@ -15,11 +15,11 @@ from app.errors import ClusterError, UsageError
 # name -> (module, one-line summary). Modules load only when their command runs, so commands that
 # need no torch (topology, deploy) start fast on machines without it.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "check": ("app.check", "cluster health check: every collective, verified values, a table or JSON"),
-    "topology": ("app.topology", "render hostfile, env file and launcher arguments for a set of hosts"),
+    "check": ("app.platform.check", "cluster health check: every collective, verified values, a table or JSON"),
+    "topology": ("app.platform.topology", "render hostfile, env file and launcher arguments for a set of hosts"),
     "train": ("app.train", "train a model with DDP: digits/MNIST/CIFAR-10, checkpoints, --resume auto"),
-    "bench": ("app.bench", "samples/s of app train vs a plain tutorial DDP loop, and the ratio"),
-    "deploy": ("app.deploy", "provision nodes and run the job across them with Ansible (ansible/deploy.yml)"),
+    "bench": ("app.train.bench", "samples/s of app train vs a plain tutorial DDP loop, and the ratio"),
+    "deploy": ("app.platform.deploy", "provision nodes and run the job across them with Ansible (ansible/deploy.yml)"),
 }
 
 

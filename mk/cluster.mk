@@ -39,7 +39,7 @@ BUILD_IMAGE = docker/build-image.sh --base $(BASE) --python $(ENGINE_PYTHON) \
 	--cpu-upstream $(CPU_BASE_IMAGE) --cuda-upstream $(CUDA_BASE_IMAGE) --local-base $(LOCAL_BASE_IMAGE) \
 	--torch-cpu '$(TORCH_CPU)' --torch-cpu-index '$(TORCH_CPU_INDEX)' --torch-cuda '$(TORCH_CUDA)' \
 	--wheelhouse $(abspath $(WHEELHOUSE))
-CLUSTER_JOB = docker/cluster-job.sh --project $(CLUSTER) --nodes $(NODES) --nproc-per-node $(NPROC_PER_NODE) \
+CLUSTER_JOB = cluster/run-job.sh --project $(CLUSTER) --nodes $(NODES) --nproc-per-node $(NPROC_PER_NODE) \
 	--master-port $(MASTER_PORT) --image $(IMAGE_NAME):$(IMAGE_TAG) --results $(RESULTS) --timeout $(CLUSTER_TIMEOUT) \
 	$(if $(filter 1,$(GPU)),--gpu)
 COMPOSE = docker compose -f compose.yaml -p $(CLUSTER) --profile mpi

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from app import launcher
-from app.distributed import add_dist_arguments, dist_config_from_args, process_group
 from app.errors import ClusterError
-from app.launcher import ProcessInfo
+from app.platform import launcher
+from app.platform.distributed import add_dist_arguments, dist_config_from_args, process_group
+from app.platform.launcher import ProcessInfo
 from app.train import checkpoint, data, models
 from app.train.collective import main_decides
 from app.train.config import (

@@ -1,6 +1,6 @@
 """The training loop: DDP, accumulation with no_sync, mixed precision, evaluation, checkpoints.
 
-    trainer = Trainer(cfg, ctx, data, reporter)   # inside app.distributed.process_group
+    trainer = Trainer(cfg, ctx, data, reporter)   # inside app.platform.distributed.process_group
     trainer.restore(state)                          # optional, from checkpoint.load
     summary = trainer.fit()
 
@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from app import launcher
-from app.distributed import DistContext
 from app.errors import UsageError, first_line
+from app.platform import launcher
+from app.platform.distributed import DistContext
 from app.train import checkpoint, collective, models
 from app.train import precision as amp
 from app.train.config import TrainConfig

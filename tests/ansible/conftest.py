@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.ansible import nodes
+from cluster.nodes import nodes
 
 ANSIBLE_DIR = nodes.REPO / "ansible"
 WORKLOAD_IMAGE = "ddp-cluster:cpu"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.ansible import nodes
+from cluster.nodes import nodes
 from tests.ansible.conftest import ANSIBLE_DIR, ansible_env, record_timing, run_playbook
 
 pytestmark = [pytest.mark.ansible, pytest.mark.docker, pytest.mark.slow]

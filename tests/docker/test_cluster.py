@@ -44,7 +44,7 @@ def test_check_and_training_on_2x2_then_nothing_left(cluster):
 
 
 def test_user_script_runs_unchanged(cluster):
-    proc = cluster.make("cluster-up", "SCRIPT=docker/jobs/minimal_ddp.py", "ARGS=--steps 5", "NPROC_PER_NODE=1")
+    proc = cluster.make("cluster-up", "SCRIPT=cluster/jobs/minimal_ddp.py", "ARGS=--steps 5", "NPROC_PER_NODE=1")
     assert proc.returncode == 0, explain(proc)
     # Only the head container (global rank 0) is streamed.
     assert "minimal_ddp rank 0/2 on head" in proc.stdout, explain(proc)
@@ -86,7 +86,7 @@ def test_mpi_profile_runs_check_over_ssh(cluster):
     ],
 )
 def test_bad_input_is_one_line_error(engine, args, message):
-    proc = run(["docker/cluster-job.sh", *args], 60)
+    proc = run(["cluster/run-job.sh", *args], 60)
     assert proc.returncode == 2, explain(proc)
     assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
     assert message in proc.stderr

@@ -52,7 +52,7 @@ def test_cuda_standin_builds_and_passes_cpu_smoke(cuda_image):
     config = inspect(cuda_image)
     assert config["Labels"]["org.ddp-cluster.cuda-standin"] == "1"
     assert "NVIDIA_VISIBLE_DEVICES=all" in config["Env"]
-    in_image(cuda_image, "python", "-c", "import torch, numpy, sklearn, app.check, app.train")
+    in_image(cuda_image, "python", "-c", "import torch, numpy, sklearn, app.platform.check, app.train")
     report = json.loads(in_image(cuda_image, "python", "-m", "app", "check", "--backend", "gloo", "--json", "-"))
     assert report["ok"] and report["backend"] == "gloo"
     # Two ranks need a resolvable hostname for gloo: the default bridge network gives one.

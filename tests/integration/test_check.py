@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from app.check import VALUE_OPERATIONS
+from app.platform.check import VALUE_OPERATIONS
 from tests.integration.launchers import PYTHON, _clean_env, run_mpirun, run_single, run_slurm_style, run_torchrun
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from app import launcher
+from app.platform import launcher
 from app.train.main import add_arguments, config_from_args, train
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from app.deploy import ANSIBLE_DIR, DeployConfig, first_failure, parse_extravar
 from app.errors import UsageError
+from app.platform.deploy import ANSIBLE_DIR, DeployConfig, first_failure, parse_extravar
 
 
 def test_extra_vars_accept_key_value_json_values_and_json_objects() -> None:
@@ -68,5 +68,5 @@ def test_first_failure_digs_into_loop_items_and_command_errors() -> None:
 
 
 def test_deploy_imports_no_torch() -> None:
-    code = "import sys, app.deploy; sys.exit('torch' in sys.modules)"
+    code = "import sys, app.platform.deploy; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

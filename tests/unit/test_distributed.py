@@ -2,8 +2,8 @@
 
 import pytest
 
-from app.distributed import DistConfig, resolve_backend
 from app.errors import UsageError
+from app.platform.distributed import DistConfig, resolve_backend
 
 
 @pytest.mark.parametrize(

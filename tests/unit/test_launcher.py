@@ -3,7 +3,7 @@
 import pytest
 
 from app.errors import UsageError
-from app.launcher import Launcher, ProcessInfo, detect, restart_count, socket_ifname
+from app.platform.launcher import Launcher, ProcessInfo, detect, restart_count, socket_ifname
 
 
 def test_no_launcher_is_a_single_process() -> None:

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from app.errors import UsageError
-from app.topology import Host, Topology, parse_hostfile, parse_hosts, render, torchrun_args
+from app.platform.topology import Host, Topology, parse_hostfile, parse_hosts, render, torchrun_args
 
 TWO_BY_TWO = Topology(parse_hosts("node0:2,node1:2"), master_port=29400, ifname="eth0")
 

@@ -30,8 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from app import hostlist
 from app.errors import UsageError
+from app.platform import hostlist
 
 DEFAULT_MASTER_PORT = 29500
 IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from app.errors import ClusterError, UsageError
 
-ANSIBLE_DIR = Path(__file__).resolve().parent.parent / "ansible"
+ANSIBLE_DIR = Path(__file__).resolve().parents[2] / "ansible"
 """The repository's ansible/ folder (deploy.yml, ansible.cfg, roles/)."""
 
 

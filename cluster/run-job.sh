@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run one job on the compose mini-cluster, stream rank 0's node, bring the results home.
 #
-#   docker/cluster-job.sh [--nodes 2] [--nproc-per-node 2] [--project ddp-cluster]
+#   cluster/run-job.sh [--nodes 2] [--nproc-per-node 2] [--project ddp-cluster]
 #                         [--job 'train --dataset digits' | --script path/to/train.py [--args '...']]
 #                         [--mpi] [--gpu] [--results build/results] [--timeout 1200] [--image ddp-cluster:cpu]
 #
@@ -66,7 +66,7 @@ if [[ -n $script ]]; then
     command="/job/$(basename "$script") $args"
     [[ $mpi == 1 ]] && command="python $command"
 else
-    script_dir=$root/docker/jobs
+    script_dir=$root/cluster/jobs
     command="-m app ${job:-train --dataset digits --out /results/digits --resume auto}"
     [[ $mpi == 1 ]] && command="python $command"
 fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the node-container image: a bare Debian bookworm that stands in for a GPU machine.
 #
-#   tests/ansible/node/build.sh [TAG]        (default TAG: ddp-cluster-node:bookworm)
+#   cluster/nodes/build.sh [TAG]        (default TAG: ddp-cluster-node:bookworm)
 #
 # Offline: FROM the project's debootstrap base (docker/build-base.sh, built here when missing)
 # plus Debian packages over plain http; no image registry is needed.
@@ -10,7 +10,7 @@ set -euo pipefail
 TAG="${1:-ddp-cluster-node:bookworm}"
 BASE="${NODE_BASE_IMAGE:-ddp-cluster-base:bookworm}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO="$(cd "$HERE/../../.." && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
 
 docker info >/dev/null 2>&1 || { echo "error: no Docker engine answers; run 'make engine' first" >&2; exit 2; }
 docker image inspect "$BASE" >/dev/null 2>&1 || "$REPO/docker/build-base.sh" --tag "$BASE"

@@ -28,10 +28,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from app import launcher
 from app.atomic import atomic_write_text
-from app.distributed import DistContext, add_dist_arguments, dist_config_from_args, process_group
 from app.errors import ClusterError, UsageError
+from app.platform import launcher
+from app.platform.distributed import DistContext, add_dist_arguments, dist_config_from_args, process_group
 from app.train import collective, data, models
 from app.train.config import DataConfig, DDPConfig, OptimConfig, RunConfig, TrainConfig
 from app.train.main import add_speed_arguments

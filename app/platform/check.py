@@ -23,10 +23,10 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.distributed as dist
 
-from app import launcher
 from app.atomic import atomic_write_text
-from app.distributed import DistContext, add_dist_arguments, dist_config_from_args, process_group
 from app.errors import ClusterError, UsageError, first_line
+from app.platform import launcher
+from app.platform.distributed import DistContext, add_dist_arguments, dist_config_from_args, process_group
 
 FAULT_OFFSET = 1000.0
 """Added by --inject-fault to the value a rank sends, so the check must catch it."""

@@ -17,9 +17,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from app import launcher
 from app.errors import ClusterError, UsageError, first_line
-from app.launcher import ProcessInfo
+from app.platform import launcher
+from app.platform.launcher import ProcessInfo
 
 BACKENDS = ("auto", "gloo", "nccl")
 
