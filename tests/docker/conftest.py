@@ -6,6 +6,7 @@ tagged ddp-cluster-test:* so the tests never replace a user's ddp-cluster:* imag
 """
 
 import json
+import os
 import shutil
 import subprocess
 import uuid
@@ -15,7 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-IMAGE_NAME = "ddp-cluster-test"
+# DDP_TEST_IMAGE_NAME: another name, so that several checkouts can test on one engine side by side.
+IMAGE_NAME = os.environ.get("DDP_TEST_IMAGE_NAME", "ddp-cluster-test")
 BUILD_TIMEOUT = 1800
 JOB_TIMEOUT = 600
 
