@@ -220,7 +220,7 @@ def _rank_info(ctx: DistContext) -> dict:
         "rank": p.rank,
         "local_rank": p.local_rank,
         "node_rank": p.node_rank,
-        "host": launcher.hostname(),
+        "host": p.host,
         "device": str(ctx.device),
         "backend": ctx.backend,
     }

@@ -124,7 +124,7 @@ def _agent_store(proc: ProcessInfo, timeout: timedelta) -> dist.Store:
     the gloo addresses that the dead attempt left there and fails to connect (torch 2.13).
     """
     base = dist.TCPStore(proc.master_addr, proc.master_port, proc.world_size, is_master=False, timeout=timeout)
-    return dist.PrefixStore(f"attempt_{launcher.restart_count()}", base)
+    return dist.PrefixStore(f"attempt_{proc.restart_count}", base)
 
 
 def _init(proc: ProcessInfo, cfg: DistConfig, backend: str, device: torch.device) -> None:
@@ -134,9 +134,9 @@ def _init(proc: ProcessInfo, cfg: DistConfig, backend: str, device: torch.device
         kwargs["device_id"] = device
     if cfg.init_method:
         kwargs["init_method"] = cfg.init_method
-    elif launcher.uses_torchrun_store(proc) and launcher.torchrun_agent_store():
+    elif proc.torchelastic and proc.agent_store:
         kwargs["store"] = _agent_store(proc, timeout)
-    elif launcher.uses_torchrun_store(proc):
+    elif proc.torchelastic:
         kwargs["init_method"] = "env://"
     else:
         kwargs["store"] = _store(proc, timeout)

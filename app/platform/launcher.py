@@ -14,9 +14,12 @@ torchrun started by srun, is described by the innermost one):
    or else the first host of SLURM_JOB_NODELIST; the port MASTER_PORT or else 20000 + job id % 10000.
 5. None of these: a single process (world size 1).
 
+The variable names and defaults are ``envvars``' (shared with the renderers of launch files).
 MASTER_PORT defaults to 29500 (torchrun's default) where a launcher gives none. The node rank of
-the MPI launchers is rank // local world size (their default by-slot mapping). Other modules never
-read ``os.environ``: they receive these values.
+the MPI launchers is rank // local world size (their default by-slot mapping). Besides the rank,
+``detect`` captures everything else the job will ever read from its environment (torchrun's
+restart count and agent store, the interface chosen for gloo/NCCL, the host name): other modules
+never read ``os.environ``, they receive these values.
 
     python -m app check                                   # single process
     torchrun --nproc-per-node 2 -m app check              # torchrun
@@ -27,14 +30,12 @@ read ``os.environ``: they receive these values.
 import os
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from app.errors import UsageError
-from app.platform import hostlist
-
-DEFAULT_MASTER_PORT = 29500
-IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+from app.platform import envvars, hostlist
+from app.platform.envvars import RankVariables
 
 
 class Launcher(StrEnum):
@@ -46,10 +47,15 @@ class Launcher(StrEnum):
     SLURM = "slurm"
     SINGLE = "single"
 
+    @property
+    def variables(self) -> RankVariables:
+        """The names under which this launcher sets rank and sizes."""
+        return {v.launcher: v for v in (*envvars.LAUNCHERS, envvars.SINGLE)}[self.value]
+
 
 @dataclass(frozen=True)
 class ProcessInfo:
-    """This process's place in the job, validated on construction."""
+    """This process's place in the job, validated on construction, and what its launcher told it."""
 
     rank: int
     """Global rank, in [0, world_size)."""
@@ -67,29 +73,41 @@ class ProcessInfo:
     """Port of the rendezvous store."""
     launcher: Launcher
     """Which launcher's variables described this process."""
+    restart_count: int = field(default=0, compare=False)
+    """How many times torchrun's agent has restarted this job's workers (0 under other launchers)."""
+    torchelastic: bool = field(default=False, compare=False)
+    """torchrun's agent serves the rendezvous store: join it rather than serving one."""
+    agent_store: bool = field(default=False, compare=False)
+    """The agent hosts the store that its workers join as clients (TORCHELASTIC_USE_AGENT_STORE)."""
+    ifname: str | None = field(default=None, compare=False)
+    """The interface chosen for gloo/NCCL in the environment (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME)."""
+    host: str = field(default="", compare=False)
+    """This machine's host name, as the other nodes know it."""
 
     def __post_init__(self) -> None:
+        names = self.launcher.variables
+        where = f" ({self.launcher.value})"
         if self.world_size < 1:
-            raise UsageError(f"world size must be >= 1, got {self.world_size} ({self.launcher.value})")
+            raise UsageError(f"world size {_named(names.size, self.world_size)} must be >= 1{where}")
         if not 0 <= self.rank < self.world_size:
             raise UsageError(
-                f"rank {self.rank} must be in [0, world size {self.world_size}) ({self.launcher.value}): "
-                "check the launcher's rank and size variables"
+                f"rank {_named(names.rank, self.rank)} must be in [0, world size "
+                f"{_named(names.size, self.world_size)}){where}: the launcher gave this process a rank "
+                "outside the job; check how it was started"
             )
         if not 1 <= self.local_world_size <= self.world_size:
             raise UsageError(
-                f"local world size {self.local_world_size} must be in [1, world size {self.world_size}]"
-                f" ({self.launcher.value})"
+                f"local world size {_named(names.local_size, self.local_world_size)} must be in [1, world size "
+                f"{_named(names.size, self.world_size)}]{where}"
             )
         if not 0 <= self.local_rank < self.local_world_size:
             raise UsageError(
-                f"local rank {self.local_rank} must be in [0, local world size {self.local_world_size})"
-                f" ({self.launcher.value})"
+                f"local rank {_named(names.local_rank, self.local_rank)} must be in [0, local world size "
+                f"{_named(names.local_size, self.local_world_size)}){where}"
             )
         if not 0 <= self.node_rank < self.world_size:
-            raise UsageError(f"node rank {self.node_rank} must be in [0, {self.world_size})")
-        if not 0 < self.master_port < 65536:
-            raise UsageError(f"MASTER_PORT={self.master_port} must be in 1..65535")
+            raise UsageError(f"node rank {_named(names.node_rank, self.node_rank)} must be in [0, {self.world_size})")
+        envvars.check_port(self.master_port)
 
     @property
     def is_main(self) -> bool:
@@ -100,6 +118,11 @@ class ProcessInfo:
     def num_nodes(self) -> int:
         """Number of nodes, assuming the same number of processes on each."""
         return max(1, self.world_size // self.local_world_size)
+
+
+def _named(variable: str | None, value: int) -> str:
+    """``value`` with the variable it came from, e.g. ``3 (RANK=3)``."""
+    return f"{value} ({variable}={value})" if variable else str(value)
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
@@ -122,59 +145,96 @@ def _size(env: Mapping[str, str], name: str, default: int | None = None) -> int:
     return value
 
 
-def _require_pair(env: Mapping[str, str], rank_var: str, size_var: str) -> None:
+def _require_pair(env: Mapping[str, str], names: RankVariables) -> None:
+    rank_var, size_var = names.rank, names.size
     if (rank_var in env) != (size_var in env):
         present, missing = (rank_var, size_var) if rank_var in env else (size_var, rank_var)
         raise UsageError(f"{present} is set but {missing} is not: set both or neither")
 
 
 def _master(env: Mapping[str, str], default_addr: str | None, default_port: int) -> tuple[str | None, int]:
-    addr = env.get("MASTER_ADDR", "").strip() or default_addr
-    return addr, _int(env, "MASTER_PORT", default_port)
+    addr = env.get(envvars.MASTER_ADDR, "").strip() or default_addr
+    return addr, _int(env, envvars.MASTER_PORT, default_port)
 
 
-def _from_torchrun(env: Mapping[str, str]) -> ProcessInfo:
-    rank, world = _int(env, "RANK"), _size(env, "WORLD_SIZE")
-    local_world = _size(env, "LOCAL_WORLD_SIZE", world)
-    local_rank = _int(env, "LOCAL_RANK", rank)
-    addr, port = _master(env, None, DEFAULT_MASTER_PORT)
-    node = _int(env, "GROUP_RANK", rank // local_world)
-    return ProcessInfo(rank, local_rank, world, local_world, node, addr, port, Launcher.TORCHRUN)
+def _from_torchrun(env: Mapping[str, str]) -> dict:
+    v = envvars.TORCHRUN
+    rank, world = _int(env, v.rank), _size(env, v.size)
+    local_world = _size(env, v.local_size, world)
+    return {
+        "rank": rank,
+        "local_rank": _int(env, v.local_rank, rank),
+        "world_size": world,
+        "local_world_size": local_world,
+        "node_rank": _int(env, v.node_rank, rank // local_world),
+        "launcher": Launcher.TORCHRUN,
+        "restart_count": _int(env, envvars.TORCHELASTIC_RESTART_COUNT, 0),
+        "torchelastic": envvars.TORCHELASTIC_RUN_ID in env,
+        "agent_store": env.get(envvars.TORCHELASTIC_USE_AGENT_STORE) == "True",
+    }
 
 
-def _from_mpi(env: Mapping[str, str], names: tuple[str, str, str, str], launcher: Launcher) -> ProcessInfo:
-    rank_var, size_var, local_rank_var, local_size_var = names
-    rank, world = _int(env, rank_var), _size(env, size_var)
-    local_rank, local_world = _int(env, local_rank_var, 0), _size(env, local_size_var, 1)
-    addr, port = _master(env, None, DEFAULT_MASTER_PORT)
-    return ProcessInfo(rank, local_rank, world, local_world, rank // local_world, addr, port, launcher)
+def _from_mpi(env: Mapping[str, str], v: RankVariables, launcher: Launcher) -> dict:
+    rank, world = _int(env, v.rank), _size(env, v.size)
+    local_world = _size(env, v.local_size, 1)
+    return {
+        "rank": rank,
+        "local_rank": _int(env, v.local_rank, 0),
+        "world_size": world,
+        "local_world_size": local_world,
+        "node_rank": rank // local_world,
+        "launcher": launcher,
+    }
 
 
 def _slurm_local_world(env: Mapping[str, str]) -> int:
-    if "SLURM_NTASKS_PER_NODE" in env:
-        return _size(env, "SLURM_NTASKS_PER_NODE")
-    per_node = env.get("SLURM_TASKS_PER_NODE", "1")  # e.g. "4(x2)" or "4,3"
+    if envvars.SLURM.local_size in env:
+        return _size(env, envvars.SLURM.local_size)
+    per_node = env.get(envvars.SLURM_TASKS_PER_NODE, "1")  # e.g. "4(x2)" or "4,3"
     first = per_node.split(",")[0].split("(")[0]
     if not first.isdigit() or int(first) < 1:
-        raise UsageError(f"SLURM_TASKS_PER_NODE={per_node!r} is not a Slurm task count like '4(x2)'")
+        raise UsageError(f"{envvars.SLURM_TASKS_PER_NODE}={per_node!r} is not a Slurm task count like '4(x2)'")
     return int(first)
 
 
-def _from_slurm(env: Mapping[str, str]) -> ProcessInfo:
-    rank, world = _int(env, "SLURM_PROCID"), _size(env, "SLURM_NTASKS")
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+def _slurm_master(env: Mapping[str, str]) -> tuple[str | None, int]:
+    nodelist = next((env[name] for name in envvars.SLURM_JOB_NODELIST if env.get(name)), None)
     first_host = hostlist.expand(nodelist)[0] if nodelist else None
-    job_port = 20000 + _int(env, "SLURM_JOB_ID", 0) % 10000
-    addr, port = _master(env, first_host, job_port)
+    job_port = envvars.SLURM_PORT_BASE + _int(env, envvars.SLURM_JOB_ID, 0) % envvars.SLURM_PORT_SPAN
+    return _master(env, first_host, job_port)
+
+
+def _from_slurm(env: Mapping[str, str]) -> dict:
+    v = envvars.SLURM
+    rank, world = _int(env, v.rank), _size(env, v.size)
     local_world = min(_slurm_local_world(env), world)
-    local_rank = _int(env, "SLURM_LOCALID", 0)
-    node = _int(env, "SLURM_NODEID", rank // local_world)
-    return ProcessInfo(rank, local_rank, world, local_world, node, addr, port, Launcher.SLURM)
+    return {
+        "rank": rank,
+        "local_rank": _int(env, v.local_rank, 0),
+        "world_size": world,
+        "local_world_size": local_world,
+        "node_rank": _int(env, v.node_rank, rank // local_world),
+        "launcher": Launcher.SLURM,
+    }
 
 
-def _from_single(env: Mapping[str, str]) -> ProcessInfo:
-    addr, port = _master(env, None, DEFAULT_MASTER_PORT)
-    return ProcessInfo(0, 0, 1, 1, 0, addr, port, Launcher.SINGLE)
+def _from_single(_env: Mapping[str, str]) -> dict:
+    return {"rank": 0, "local_rank": 0, "world_size": 1, "local_world_size": 1, "node_rank": 0}
+
+
+def _ranks(env: Mapping[str, str]) -> dict:
+    """The rank fields from the first launcher whose variables are set."""
+    for names in envvars.LAUNCHERS:
+        _require_pair(env, names)
+    if envvars.TORCHRUN.rank in env:
+        return _from_torchrun(env)
+    if envvars.OPENMPI.rank in env:
+        return _from_mpi(env, envvars.OPENMPI, Launcher.OPENMPI)
+    if envvars.MPICH.rank in env:
+        return _from_mpi(env, envvars.MPICH, Launcher.MPICH)
+    if envvars.SLURM.rank in env:
+        return _from_slurm(env)
+    return {**_from_single(env), "launcher": Launcher.SINGLE}
 
 
 def detect(env: Mapping[str, str] | None = None, *, need_master: bool = True) -> ProcessInfo:
@@ -184,26 +244,13 @@ def detect(env: Mapping[str, str] | None = None, *, need_master: bool = True) ->
     its own rendezvous, such as a shared file).
     """
     env = os.environ if env is None else env
-    _require_pair(env, "RANK", "WORLD_SIZE")
-    _require_pair(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")
-    _require_pair(env, "PMI_RANK", "PMI_SIZE")
-    _require_pair(env, "SLURM_PROCID", "SLURM_NTASKS")
-    if "RANK" in env:
-        info = _from_torchrun(env)
-    elif "OMPI_COMM_WORLD_RANK" in env:
-        names = (
-            "OMPI_COMM_WORLD_RANK",
-            "OMPI_COMM_WORLD_SIZE",
-            "OMPI_COMM_WORLD_LOCAL_RANK",
-            "OMPI_COMM_WORLD_LOCAL_SIZE",
-        )
-        info = _from_mpi(env, names, Launcher.OPENMPI)
-    elif "PMI_RANK" in env:
-        info = _from_mpi(env, ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"), Launcher.MPICH)
-    elif "SLURM_PROCID" in env:
-        info = _from_slurm(env)
+    fields = _ranks(env)
+    if fields["launcher"] is Launcher.SLURM:
+        addr, port = _slurm_master(env)
     else:
-        info = _from_single(env)
+        addr, port = _master(env, None, envvars.DEFAULT_MASTER_PORT)
+    ifname = next((env[name] for name in envvars.IFNAME_VARIABLES if env.get(name)), None)
+    info = ProcessInfo(**fields, master_addr=addr, master_port=port, ifname=ifname, host=socket.gethostname())
     if need_master and info.world_size > 1 and not info.master_addr:
         raise UsageError(
             f"{info.launcher.value} started {info.world_size} processes but MASTER_ADDR is not set: "
@@ -213,36 +260,7 @@ def detect(env: Mapping[str, str] | None = None, *, need_master: bool = True) ->
     return info
 
 
-def uses_torchrun_store(info: ProcessInfo, env: Mapping[str, str] | None = None) -> bool:
-    """True when torchrun's agent already serves the rendezvous store (join it with env://)."""
-    env = os.environ if env is None else env
-    return info.launcher is Launcher.TORCHRUN and "TORCHELASTIC_RUN_ID" in env
-
-
-def torchrun_agent_store(env: Mapping[str, str] | None = None) -> bool:
-    """True when torchrun's agent hosts the store that its workers join as clients."""
-    env = os.environ if env is None else env
-    return env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-
-
-def socket_ifname(env: Mapping[str, str] | None = None) -> str | None:
-    """The network interface chosen with GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME, if any."""
-    env = os.environ if env is None else env
-    return next((env[name] for name in IFNAME_VARIABLES if env.get(name)), None)
-
-
 def export_socket_ifname(ifname: str) -> None:
     """Make gloo and NCCL use interface ``ifname`` (before the process group starts)."""
-    for name in IFNAME_VARIABLES:
+    for name in envvars.IFNAME_VARIABLES:
         os.environ[name] = ifname
-
-
-def restart_count(env: Mapping[str, str] | None = None) -> int:
-    """How many times torchrun has restarted this job (TORCHELASTIC_RESTART_COUNT), 0 otherwise."""
-    env = os.environ if env is None else env
-    return _int(env, "TORCHELASTIC_RESTART_COUNT", 0)
-
-
-def hostname() -> str:
-    """This machine's host name, as the other nodes know it."""
-    return socket.gethostname()

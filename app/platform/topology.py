@@ -21,8 +21,8 @@ from pathlib import Path
 
 from app.atomic import atomic_write_text
 from app.errors import UsageError
+from app.platform import envvars
 
-DEFAULT_MASTER_PORT = 29500
 FORMATS = ("hostfile", "env", "torchrun", "mpirun", "json")
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-_]*[A-Za-z0-9])?$|^[0-9a-fA-F:]+$")
 _IFNAME = re.compile(r"^[A-Za-z0-9_.:\-^,]+$")
@@ -50,7 +50,7 @@ class Topology:
 
     hosts: tuple[Host, ...]
     """The hosts, node rank order (the first one serves the rendezvous by default)."""
-    master_port: int = DEFAULT_MASTER_PORT
+    master_port: int = envvars.DEFAULT_MASTER_PORT
     """Rendezvous port on the master host."""
     master_addr: str | None = None
     """Rendezvous host; None means the first host."""
@@ -66,8 +66,7 @@ class Topology:
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise UsageError(f"host {duplicates[0]} is listed twice: list each host once with its total slots")
-        if not 0 < self.master_port < 65536:
-            raise UsageError(f"--master-port {self.master_port} must be in 1..65535")
+        envvars.check_port(self.master_port, "--master-port")
         if self.ifname is not None and not _IFNAME.match(self.ifname):
             raise UsageError(f"--ifname {self.ifname!r} is not an interface name like eth0")
 
@@ -203,7 +202,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--hosts", help="NAME:SLOTS,... e.g. node0:2,node1:2")
     source.add_argument("--hostfile", type=Path, help="OpenMPI hostfile: 'NAME slots=N' per line")
     parser.add_argument("--master-addr", default=None, help="rendezvous host (default: the first host)")
-    parser.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT, help="rendezvous port (default 29500)")
+    parser.add_argument(
+        "--master-port", type=int, default=envvars.DEFAULT_MASTER_PORT, help="rendezvous port (default 29500)"
+    )
     parser.add_argument("--ifname", default=None, help="network interface for gloo/NCCL, e.g. eth0")
     parser.add_argument("--format", choices=FORMATS, default="env", help="what to render (default: env)")
     parser.add_argument("--node-rank", type=int, default=None, help="torchrun: this node's rank (static rendezvous)")

@@ -20,7 +20,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from app.errors import UsageError, first_line
-from app.platform import launcher
 from app.platform.distributed import DistContext
 from app.train import checkpoint, collective, models
 from app.train import precision as amp
@@ -186,7 +185,7 @@ class Trainer:
         run, step = self.cfg.run, self.pos.step
         if run.checkpoint_every and step % run.checkpoint_every == 0:
             self._save()
-        if run.crash_at_step == step and run.crash_rank == self.rank and launcher.restart_count() == 0:
+        if run.crash_at_step == step and run.crash_rank == self.rank and self.ctx.proc.restart_count == 0:
             os._exit(CRASH_EXIT_CODE)  # like a killed process: no cleanup, no goodbye to the peers
         return not (self.cfg.optim.max_steps and step >= self.cfg.optim.max_steps)
 

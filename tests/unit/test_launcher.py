@@ -3,7 +3,7 @@
 import pytest
 
 from app.errors import UsageError
-from app.platform.launcher import Launcher, ProcessInfo, detect, restart_count, socket_ifname
+from app.platform.launcher import Launcher, ProcessInfo, detect
 
 
 def test_no_launcher_is_a_single_process() -> None:
@@ -129,11 +129,29 @@ def test_file_rendezvous_needs_no_master() -> None:
     assert info.master_addr is None and info.world_size == 2
 
 
-def test_other_environment_facts() -> None:
-    assert socket_ifname({"NCCL_SOCKET_IFNAME": "ib0"}) == "ib0"
-    assert socket_ifname({}) is None
-    assert restart_count({"TORCHELASTIC_RESTART_COUNT": "2"}) == 2
-    assert restart_count({}) == 0
+def test_other_environment_facts_are_captured_once() -> None:
+    assert detect({"NCCL_SOCKET_IFNAME": "ib0"}).ifname == "ib0"
+    assert detect({}).ifname is None
+    torchrun = {"RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RESTART_COUNT": "2", "TORCHELASTIC_RUN_ID": "j"}
+    info = detect(torchrun | {"TORCHELASTIC_USE_AGENT_STORE": "True"})
+    assert (info.restart_count, info.torchelastic, info.agent_store) == (2, True, True)
+    assert detect({}).restart_count == 0 and not detect({}).torchelastic
+    # Only torchrun's own agent serves a store to join; a hand-written RANK environment does not.
+    assert not detect({"RANK": "0", "WORLD_SIZE": "1"}).torchelastic
+    assert detect({}).host
+
+
+def test_bad_rank_names_the_launchers_variables() -> None:
+    with pytest.raises(UsageError, match=r"rank 3 \(RANK=3\) must be in \[0, world size 2 \(WORLD_SIZE=2\)\)"):
+        detect({"RANK": "3", "WORLD_SIZE": "2", "MASTER_ADDR": "a"})
+    slurm = {"SLURM_PROCID": "5", "SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "n1"}
+    with pytest.raises(UsageError, match=r"SLURM_PROCID=5.*SLURM_NTASKS=4"):
+        detect(slurm)
+
+
+def test_privileged_ports_are_refused_with_the_fix() -> None:
+    with pytest.raises(UsageError, match="MASTER_PORT=80 must be in 1024-65535"):
+        detect({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "80"})
 
 
 def test_detect_reads_the_real_environment(monkeypatch: pytest.MonkeyPatch) -> None:

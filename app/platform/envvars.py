@@ -1,0 +1,88 @@
+"""The environment-variable contract: the names each launcher sets, and the defaults of what it may
+leave out. Launcher detection (``launcher.py``, the one module that reads the environment) and the
+renderers of launch files (``topology``: env files, torchrun/mpirun arguments, sbatch scripts,
+Kubernetes manifests) share these names, so that what one writes the other reads.
+
+    torchrun --nproc-per-node 2 -m app check        # sets RANK, WORLD_SIZE, LOCAL_RANK, ...
+    mpirun -np 2 -x MASTER_ADDR=a -x MASTER_PORT=29500 python -m app check   # OMPI_COMM_WORLD_*
+    srun -N 2 --ntasks-per-node 2 python -m app check                       # SLURM_PROCID, ...
+"""
+
+from dataclasses import dataclass
+
+from app.errors import UsageError
+
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+DEFAULT_MASTER_PORT = 29500
+"""torchrun's default rendezvous port, used wherever a launcher gives none."""
+PORT_MIN, PORT_MAX = 1024, 65535
+"""Rendezvous ports: every process of a job runs as an unprivileged user, which cannot bind below 1024."""
+
+IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+"""The network interface that gloo and NCCL use, when set."""
+
+NNODES = "NNODES"
+NPROC_PER_NODE = "NPROC_PER_NODE"
+"""Written by the env file of a cluster (hosts and processes per host); no launcher reads them."""
+
+TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+"""Set by torchrun's agent: its store serves the rendezvous (join it, do not serve one)."""
+TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+"""How many times torchrun's agent has restarted the workers of this job."""
+TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+"""torchrun's --max-restarts."""
+TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+"""'True' when the agent hosts the store that its workers join as clients."""
+
+SLURM_JOB_NODELIST = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
+"""The job's hosts, compressed (``node[01-04]``); the first one serves the rendezvous under Slurm."""
+SLURM_JOB_ID = "SLURM_JOB_ID"
+SLURM_TASKS_PER_NODE = "SLURM_TASKS_PER_NODE"
+"""Tasks on each node, compressed (``4(x2)`` or ``4,3``); SLURM_NTASKS_PER_NODE when given instead."""
+SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 10000
+"""Under Slurm without MASTER_PORT, the port is SLURM_PORT_BASE + job id % SLURM_PORT_SPAN, the
+same on every node of a job and different for jobs that share a node."""
+
+
+@dataclass(frozen=True)
+class RankVariables:
+    """The names under which one launcher gives a process its place in the job."""
+
+    launcher: str
+    """The launcher's name, as messages show it."""
+    rank: str
+    """Global rank."""
+    size: str
+    """World size."""
+    local_rank: str
+    """Rank on this node."""
+    local_size: str
+    """Processes on this node."""
+    node_rank: str | None = None
+    """Index of this node, where the launcher gives one."""
+
+
+TORCHRUN = RankVariables("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+OPENMPI = RankVariables(
+    "openmpi",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+)
+MPICH = RankVariables("mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
+SLURM = RankVariables("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_NODEID")
+SINGLE = RankVariables("single", "", "", "", "")
+LAUNCHERS = (TORCHRUN, OPENMPI, MPICH, SLURM)
+"""In precedence order: a launcher nested in another (torchrun under srun) is described by the innermost."""
+
+
+def check_port(port: int, name: str = MASTER_PORT) -> int:
+    """``port`` when it is a rendezvous port this project can use, else a UsageError naming ``name``."""
+    if not PORT_MIN <= port <= PORT_MAX:
+        raise UsageError(
+            f"{name}={port} must be in {PORT_MIN}-{PORT_MAX}: the job's processes run unprivileged "
+            f"and cannot bind lower ports; the default is {DEFAULT_MASTER_PORT}"
+        )
+    return port
