@@ -1,0 +1,130 @@
+"""Command-line flags made from configuration dataclasses: each field is defined once, its flag
+comes from its name, type and default, and its ``--help`` is the docstring written under it.
+
+    @dataclass(frozen=True)
+    class DataConfig:
+        \"\"\"Which samples, and how they reach the model.\"\"\"      # the group's title
+
+        dataset: str = "digits"
+        \"\"\"digits, mnist or cifar10.\"\"\"                           # --dataset NAME: its help
+
+    add_arguments(parser, DataConfig)          # --dataset, grouped under the class docstring
+    cfg = from_args(DataConfig, parser.parse_args())
+
+Types: bool fields become ``--x/--no-x``; ``int``, ``float``, ``str`` and ``Path`` parse as such, and
+``X | None`` defaults to None; anything else (a tuple, say) names its parser and how its default
+reads in the field's metadata: ``field(default=(1, 28, 28), metadata=flag(parse=parse_shape,
+show="1x28x28", metavar="CxHxW"))``. ``flag(hidden=True)`` keeps a field out of ``--help``.
+Values are checked by the dataclass itself (``__post_init__``), so a bad one gets the same
+one-line message from the command line and from code.
+"""
+
+import argparse
+import ast
+import inspect
+import itertools
+import textwrap
+import types
+import typing
+from collections.abc import Callable, Iterable
+from dataclasses import MISSING, Field, fields
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+FLAG = "flag"
+"""The key of a field's metadata that holds its flag settings."""
+
+
+def flag(
+    parse: Callable[[str], Any] | None = None,
+    show: str | None = None,
+    metavar: str | None = None,
+    hidden: bool = False,
+) -> dict:
+    """Metadata for a field whose flag needs more than its type: a parser, how its default reads, a metavar."""
+    return {FLAG: {"parse": parse, "show": show, "metavar": metavar, "hidden": hidden}}
+
+
+@cache
+def docstrings(cls: type) -> dict[str, str]:
+    """The docstring written under each field of a dataclass, by field name (from its source)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    found: dict[str, str] = {}
+    for node, after in itertools.pairwise(body):
+        named = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+        if named and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+            found[node.target.id] = " ".join(str(after.value.value).split())
+    return found
+
+
+def option(name: str) -> str:
+    """The flag of a field: ``bucket_cap_mb`` -> ``--bucket-cap-mb``."""
+    return "--" + name.replace("_", "-")
+
+
+def _default(f: Field) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return None
+
+
+def _base_type(annotation: Any) -> tuple[Any, bool]:
+    """(the type, whether None is allowed) of ``X`` or ``X | None``."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return (args[0] if len(args) == 1 else str), True
+    return annotation, False
+
+
+def _metavar(f: Field, kind: Any) -> str:
+    settings = f.metadata.get(FLAG, {})
+    if settings.get("metavar"):
+        return settings["metavar"]
+    return {int: "N", float: "X", Path: "PATH"}.get(kind, f.name.split("_")[-1].upper())
+
+
+def _shown(f: Field, default: Any) -> str:
+    settings = f.metadata.get(FLAG, {})
+    if settings.get("show") is not None:
+        return settings["show"]
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    return "none" if default is None else f"{default:g}" if isinstance(default, float) else str(default)
+
+
+def add_arguments(
+    parser: argparse.ArgumentParser, cls: type, *, title: str | None = None, exclude: Iterable[str] = ()
+) -> argparse._ArgumentGroup:
+    """Add one flag per field of dataclass ``cls`` (but ``exclude``), in a group titled by its docstring."""
+    group = parser.add_argument_group(title or (inspect.getdoc(cls) or cls.__name__).splitlines()[0].rstrip("."))
+    hints = typing.get_type_hints(cls)
+    helps = docstrings(cls)
+    for f in fields(cls):
+        if f.name in exclude or not f.init:
+            continue
+        settings = f.metadata.get(FLAG, {})
+        kind, _ = _base_type(hints[f.name])
+        default = _default(f)
+        text = (
+            argparse.SUPPRESS if settings.get("hidden") else f"{helps.get(f.name, '')} (default: {_shown(f, default)})"
+        )
+        if kind is bool:
+            group.add_argument(
+                option(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=text
+            )
+            continue
+        parse = settings.get("parse") or (kind if kind in (int, float, str, Path) else str)
+        group.add_argument(
+            option(f.name), dest=f.name, type=parse, default=default, metavar=_metavar(f, kind), help=text
+        )
+    return group
+
+
+def from_args(cls: type, args: argparse.Namespace, **given: Any) -> Any:
+    """An instance of ``cls`` from the flags that ``add_arguments`` added (``given`` wins)."""
+    values = {f.name: getattr(args, f.name) for f in fields(cls) if f.init and hasattr(args, f.name)}
+    return cls(**(values | given))

@@ -1,0 +1,75 @@
+"""Flags made from dataclasses: every field a flag, defaults and docstrings carried over."""
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from app.errors import UsageError
+from app.flags import add_arguments, docstrings, flag, from_args
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split("x"))
+
+
+@dataclass(frozen=True)
+class Example:
+    """An example section."""
+
+    name: str = "digits"
+    """Which one, by name."""
+    count: int = 3
+    """How many."""
+    rate: float = 0.5
+    """How fast."""
+    fast: bool = True
+    """Go fast."""
+    out: Path | None = None
+    """Where to write."""
+    shape: tuple[int, ...] = field(default=(1, 2), metadata=flag(parse=_shape, show="1x2", metavar="AxB"))
+    """A shape."""
+    secret: int = field(default=0, metadata=flag(hidden=True))
+    """Not for users."""
+
+    def __post_init__(self) -> None:
+        if self.count < 0:
+            raise UsageError(f"--count {self.count} must be >= 0")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="x")
+    add_arguments(parser, Example)
+    return parser
+
+
+def test_every_field_has_a_flag_with_its_default() -> None:
+    args = _parser().parse_args([])
+    assert from_args(Example, args) == Example()
+
+
+def test_flags_parse_to_the_field_types() -> None:
+    args = _parser().parse_args(
+        ["--name", "x", "--count", "4", "--rate", "2", "--no-fast", "--out", "o", "--shape", "3x4", "--secret", "1"]
+    )
+    assert from_args(Example, args) == Example("x", 4, 2.0, False, Path("o"), (3, 4), 1)
+
+
+def test_help_is_the_docstring_with_the_default() -> None:
+    text = _parser().format_help()
+    assert "An example section" in text
+    assert "--count N" in text and "How many. (default: 3)" in text
+    assert "--shape AxB" in text and "A shape. (default: 1x2)" in text
+    assert "--fast, --no-fast" in text and "(default: on)" in text
+    assert "--secret" not in text
+    assert docstrings(Example)["out"] == "Where to write."
+
+
+def test_the_dataclass_checks_values() -> None:
+    with pytest.raises(UsageError, match="--count -1 must be >= 0"):
+        from_args(Example, _parser().parse_args(["--count", "-1"]))
+
+
+def test_given_values_win() -> None:
+    assert from_args(Example, _parser().parse_args(["--count", "4"]), count=7).count == 7
