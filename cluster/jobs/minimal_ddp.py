@@ -8,6 +8,7 @@ sets the usual environment, init_process_group("gloo") reads it.
 """
 
 import argparse
+import gc
 import socket
 
 import torch
@@ -38,6 +39,10 @@ def main() -> None:
         weights = model.module.weight.detach().clone()
         dist.broadcast(weights, src=0)
         assert torch.equal(weights, model.module.weight.detach()), "replicas diverged"
+        # DDP holds the process group: free it first, so that gloo's threads end while Python
+        # is alive (left to interpreter shutdown, torch 2.13 may abort at exit).
+        del model, optimizer
+        gc.collect()
     finally:
         dist.destroy_process_group()
 
