@@ -64,7 +64,8 @@ def option(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _default(f: Field) -> Any:
+def default_of(f: Field) -> Any:
+    """A field's default value (its factory's product, for a factory)."""
     if f.default is not MISSING:
         return f.default
     if f.default_factory is not MISSING:
@@ -87,7 +88,9 @@ def _metavar(f: Field, kind: Any) -> str:
     return {int: "N", float: "X", Path: "PATH"}.get(kind, f.name.split("_")[-1].upper())
 
 
-def _shown(f: Field, default: Any) -> str:
+def shown(f: Field) -> str:
+    """How a field's default reads in --help and documentation."""
+    default = default_of(f)
     settings = f.metadata.get(FLAG, {})
     if settings.get("show") is not None:
         return settings["show"]
@@ -97,9 +100,18 @@ def _shown(f: Field, default: Any) -> str:
 
 
 def add_arguments(
-    parser: argparse.ArgumentParser, cls: type, *, title: str | None = None, exclude: Iterable[str] = ()
+    parser: argparse.ArgumentParser,
+    cls: type,
+    *,
+    title: str | None = None,
+    exclude: Iterable[str] = (),
+    overrides_only: bool = False,
 ) -> argparse._ArgumentGroup:
-    """Add one flag per field of dataclass ``cls`` (but ``exclude``), in a group titled by its docstring."""
+    """Add one flag per field of dataclass ``cls`` (but ``exclude``), in a group titled by its docstring.
+
+    overrides_only: a flag not given stays out of the parsed namespace (``given`` then tells what
+    the user set, e.g. to lay flags over a file); ``--help`` still shows the dataclass's defaults.
+    """
     group = parser.add_argument_group(title or (inspect.getdoc(cls) or cls.__name__).splitlines()[0].rstrip("."))
     hints = typing.get_type_hints(cls)
     helps = docstrings(cls)
@@ -108,23 +120,26 @@ def add_arguments(
             continue
         settings = f.metadata.get(FLAG, {})
         kind, _ = _base_type(hints[f.name])
-        default = _default(f)
-        text = (
-            argparse.SUPPRESS if settings.get("hidden") else f"{helps.get(f.name, '')} (default: {_shown(f, default)})"
-        )
+        default = default_of(f)
+        text = argparse.SUPPRESS if settings.get("hidden") else f"{helps.get(f.name, '')} (default: {shown(f)})"
+        initial = argparse.SUPPRESS if overrides_only else default
         if kind is bool:
             group.add_argument(
-                option(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=text
+                option(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=initial, help=text
             )
             continue
         parse = settings.get("parse") or (kind if kind in (int, float, str, Path) else str)
         group.add_argument(
-            option(f.name), dest=f.name, type=parse, default=default, metavar=_metavar(f, kind), help=text
+            option(f.name), dest=f.name, type=parse, default=initial, metavar=_metavar(f, kind), help=text
         )
     return group
 
 
-def from_args(cls: type, args: argparse.Namespace, **given: Any) -> Any:
-    """An instance of ``cls`` from the flags that ``add_arguments`` added (``given`` wins)."""
-    values = {f.name: getattr(args, f.name) for f in fields(cls) if f.init and hasattr(args, f.name)}
-    return cls(**(values | given))
+def given(cls: type, args: argparse.Namespace) -> dict[str, Any]:
+    """The fields of ``cls`` that the command line set (with ``add_arguments(..., overrides_only=True)``)."""
+    return {f.name: getattr(args, f.name) for f in fields(cls) if f.init and hasattr(args, f.name)}
+
+
+def from_args(cls: type, args: argparse.Namespace, **values: Any) -> Any:
+    """An instance of ``cls`` from the flags that ``add_arguments`` added (``values`` win)."""
+    return cls(**(given(cls, args) | values))

@@ -1,91 +1,81 @@
 #!/usr/bin/env bash
-# Run one job on the compose mini-cluster, stream rank 0's node, bring the results home.
+# Run one job on the compose mini-cluster, stream rank 0's node, bring the results home; or
+# show the cluster's logs, or remove it. Every knob is a cluster-spec flag, checked by the app.
 #
-#   cluster/run-job.sh [--nodes 2] [--nproc-per-node 2] [--project ddp-cluster]
-#                         [--job 'train --dataset digits' | --script path/to/train.py [--args '...']]
-#                         [--mpi] [--gpu] [--results build/results] [--timeout 1200] [--image ddp-cluster:cpu]
+#   cluster/run-job.sh up   [--results build/results] [--python python3] [-- SPEC FLAGS]
+#   cluster/run-job.sh logs [-- SPEC FLAGS]
+#   cluster/run-job.sh down [-- SPEC FLAGS]
 #
-# torchrun (default): compose.yaml's head + NODES-1 workers run `torchrun ... -m app JOB`
-# (or your SCRIPT, unchanged); the head container holds rank 0 and its output is
-# streamed. --mpi: the mpi profile's launcher runs `mpirun ... python -m app JOB`
-# (or python SCRIPT) over SSH on NODES workers. Exits with the job's status;
-# afterwards /results of the cluster volume is copied to RESULTS and the newest
-# summary.json is printed. --gpu adds compose.gpu.yaml (NVIDIA GPUs in every node; use
-# the cuda image). The cluster's containers, logs and volumes stay until `make cluster-down`.
+#   cluster/run-job.sh up -- --nodes 3 --nproc-per-node 1 --command 'check'
+#   cluster/run-job.sh up -- --script my/train.py --args '--epochs 1'
+#   cluster/run-job.sh up -- --launcher mpirun --command check          (mpirun over SSH)
+#
+# SPEC FLAGS are `python -m app topology`'s (python -m app topology --help): it validates them
+# and renders the env file of compose.yaml into build/cluster/<name>.env. torchrun (default):
+# the head + NODES-1 workers run `torchrun ... -m app COMMAND` (or your script, unchanged); the
+# head holds rank 0 and its output is streamed. --launcher mpirun: the mpi profile's launcher
+# runs `mpirun ... python -m app COMMAND` over SSH on NODES workers. `up` exits with the job's
+# status; afterwards /results of the cluster volume is copied to --results and the newest
+# summary.json is printed. --gpus-per-node > 0 adds compose.gpu.yaml. Containers, logs and
+# volumes stay until `down`.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-nodes=2
-nproc=2
-port=29500
-project=ddp-cluster
-job=""
-script=""
-args=""
-mpi=0
-gpu=0
 results=$root/build/results
-timeout_s=1200
-image=ddp-cluster:cpu
+python=python3
+action=${1:-}
+shift || true
 
 while (($#)); do
     case "$1" in
-        --nodes) nodes=$2; shift 2 ;;
-        --nproc-per-node) nproc=$2; shift 2 ;;
-        --master-port) port=$2; shift 2 ;;
-        --project) project=$2; shift 2 ;;
-        --job) job=$2; shift 2 ;;
-        --script) script=$2; shift 2 ;;
-        --args) args=$2; shift 2 ;;
-        --mpi) mpi=1; shift ;;
-        --gpu) gpu=1; shift ;;
         --results) results=$2; shift 2 ;;
-        --timeout) timeout_s=$2; shift 2 ;;
-        --image) image=$2; shift 2 ;;
-        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "error: unknown argument '$1'; see $0 --help" >&2; exit 2 ;;
+        --python) python=$2; shift 2 ;;
+        --) shift; break ;;
+        -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "error: unknown argument '$1' (spec flags go after --); see $0 --help" >&2; exit 2 ;;
     esac
 done
+case $action in
+    up|logs|down) ;;
+    *) echo "error: the action must be up, logs or down (got '$action'); see $0 --help" >&2; exit 2 ;;
+esac
 
-die() { echo "error: $*" >&2; exit 2; }
-positive() { [[ $2 =~ ^[1-9][0-9]*$ ]] || die "$1 must be a whole number >= 1 (got '$2'); e.g. make cluster-up NODES=2 NPROC_PER_NODE=2"; }
-positive NODES "$nodes"
-positive NPROC_PER_NODE "$nproc"
-positive CLUSTER_TIMEOUT "$timeout_s"
-if ! [[ $port =~ ^[0-9]+$ ]] || ((port < 1024 || port > 65535)); then die "MASTER_PORT must be 1024-65535 (got '$port')"; fi
-((nodes <= 16)) || die "NODES=$nodes: the mini-cluster is for one machine; use at most 16 (each node is a container)"
-[[ $project =~ ^[a-z0-9][a-z0-9_-]*$ ]] || die "CLUSTER='$project' is not a compose project name: lowercase letters, digits, - and _"
-[[ -z $job || -z $script ]] || die "give JOB or SCRIPT, not both"
+# The spec, checked and rendered by the app's own code (stdlib only: no venv needed).
+mkdir -p "$root/build/cluster"
+rendered=$(mktemp "$root/build/cluster/.env.XXXXXX")
+trap 'rm -f "$rendered"' EXIT
+PYTHONPATH=$root "$python" -m app topology "$@" --format compose --output "$rendered" || exit $?
+env_file=$rendered
+value() { sed -n "s/^$1='\(.*\)'\$/\1/p" "$env_file"; }
+project=$(value COMPOSE_PROJECT_NAME)
+env_file=$root/build/cluster/$project.env
+mv "$rendered" "$env_file"
+trap - EXIT
+compose=(docker compose --project-directory "$root" --env-file "$env_file" -f "$root/compose.yaml" -p "$project")
+(($(value GPUS_PER_NODE) > 0)) && compose+=(-f "$root/compose.gpu.yaml")
 
-# The command after the launcher: a user's script (its folder is mounted at /job) or an app command.
-if [[ -n $script ]]; then
-    [[ -f $script ]] || die "SCRIPT=$script: no such file"
-    [[ -r $script && $(stat -c %A "$script") == ???????r* ]] \
-        || die "SCRIPT=$script must be world-readable: the containers run as an unprivileged user (chmod o+r)"
-    script_dir=$(cd "$(dirname "$script")" && pwd)
-    command="/job/$(basename "$script") $args"
-    [[ $mpi == 1 ]] && command="python $command"
-else
-    script_dir=$root/cluster/jobs
-    command="-m app ${job:-train --dataset digits --out /results/digits --resume auto}"
-    [[ $mpi == 1 ]] && command="python $command"
+if [[ $action == logs ]]; then
+    exec "${compose[@]}" --profile mpi logs --no-color --timestamps
+fi
+if [[ $action == down ]]; then
+    timeout 180 "${compose[@]}" --progress quiet --profile mpi down --volumes --remove-orphans --timeout 10
+    label=label=com.docker.compose.project=$project
+    left=$(docker ps -aq --filter "$label"; docker network ls -q --filter "$label"; docker volume ls -q --filter "$label")
+    [[ -z $left ]] || { echo "error: left behind by $project: $left" >&2; exit 1; }
+    exit 0
 fi
 
-docker image inspect "$image" >/dev/null 2>&1 || die "image $image is missing; build it with 'make images'"
-
-export NODES=$nodes WORKERS=$((nodes - 1)) NPROC_PER_NODE=$nproc MASTER_PORT=$port IMAGE=$image SCRIPT_DIR=$script_dir
-compose=(docker compose --project-directory "$root" -f "$root/compose.yaml" -p "$project")
-[[ $gpu == 1 ]] && compose+=(-f "$root/compose.gpu.yaml")
-if [[ $mpi == 1 ]]; then
-    export MPI_COMMAND=$command
+image=$(value IMAGE)
+docker image inspect "$image" >/dev/null 2>&1 || { echo "error: image $image is missing; build it with 'make images'" >&2; exit 2; }
+timeout_s=$(value TIME_LIMIT)
+if [[ $(value LAUNCHER) == mpirun ]]; then
     main="launcher"
     up=(--profile mpi up --attach launcher --exit-code-from launcher launcher)
-    echo "cluster: $project: mpirun over SSH, $nodes node(s) x $nproc process(es): $command"
+    echo "cluster: $project: mpirun over SSH, $(value NODES) node(s): $(value MPI_COMMAND)"
 else
-    export JOB_COMMAND=$command
     main="head"
     up=(up --attach head --exit-code-from head)
-    echo "cluster: $project: torchrun, $nodes node(s) x $nproc process(es): $command"
+    echo "cluster: $project: torchrun, $(value NODES) node(s): $(value JOB_COMMAND)"
 fi
 
 start=$SECONDS
@@ -94,7 +84,7 @@ status=0
 timeout --signal TERM --kill-after 30 "$timeout_s" "${compose[@]}" "${up[@]}" || status=$?
 elapsed=$((SECONDS - start))
 if ((status == 124 || status == 137)); then
-    echo "error: the job ran past CLUSTER_TIMEOUT=${timeout_s}s and was stopped; see 'make cluster-logs', then 'make cluster-down'" >&2
+    echo "error: the job ran past its time limit (--time-limit ${timeout_s}s) and was stopped; see 'make cluster-logs', then 'make cluster-down'" >&2
 fi
 
 mkdir -p "$results"

@@ -1,5 +1,6 @@
 # Containers and the local gloo mini-cluster (included by the top-level Makefile).
-# Scripts under docker/ do the work; every knob below can be set on the command line.
+# Scripts under docker/ (images) and cluster/ (the runtime) do the work; every knob below can be set
+# on the command line.
 
 ##@ Containers
 
@@ -7,10 +8,8 @@
 # (debootstrap); upstream or local force one. The one switch for offline builds.
 BASE ?= auto
 IMAGE_NAME ?= ddp-cluster
-# GPU=1: every node gets this machine's NVIDIA GPUs (compose.gpu.yaml) and runs the cuda image.
-GPU ?= 0
-# The flavour the mini-cluster runs (cpu or cuda).
-IMAGE_TAG ?= $(if $(filter 1,$(GPU)),cuda,cpu)
+# The flavour the mini-cluster runs: cuda when GPUS_PER_NODE > 0 (compose.gpu.yaml), else cpu.
+IMAGE_TAG ?= $(if $(filter-out 0,$(GPUS_PER_NODE)),cuda,cpu)
 CPU_BASE_IMAGE ?= python:3.11-slim-bookworm
 CUDA_BASE_IMAGE ?= nvidia/cuda:12.6.3-base-ubuntu22.04
 LOCAL_BASE_IMAGE ?= ddp-cluster-base:bookworm
@@ -19,30 +18,37 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_CUDA ?= torch==2.13.0
 WHEELHOUSE ?= build/wheelhouse
 
-# The mini-cluster: NODES containers x NPROC_PER_NODE processes.
-NODES ?= 2
-NPROC_PER_NODE ?= 2
-MASTER_PORT ?= 29500
+# The mini-cluster's spec (python -m app topology --help lists every field). A knob left empty
+# keeps the spec's own default; SPEC names a spec file (TOML) that the knobs override.
+SPEC ?=
+CLUSTER ?=
+NODES ?=
+NPROC_PER_NODE ?=
+GPUS_PER_NODE ?=
+MASTER_PORT ?=
+MAX_RESTARTS ?=
+CLUSTER_TIMEOUT ?=
 # An app command line (python -m app $(JOB)), or SCRIPT: your torchrun script, run unchanged with ARGS.
-JOB ?= train --dataset digits --epochs 10 --out /results/digits --resume auto
+JOB ?=
 SCRIPT ?=
 ARGS ?=
 # The app command of `make cluster-mpi`.
 MPI_JOB ?= check
-# Compose project name: several clusters can live side by side.
-CLUSTER ?= ddp-cluster
 RESULTS ?= build/results
-CLUSTER_TIMEOUT ?= 1200
 
 ENGINE_PYTHON = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 BUILD_IMAGE = docker/build-image.sh --base $(BASE) --python $(ENGINE_PYTHON) \
 	--cpu-upstream $(CPU_BASE_IMAGE) --cuda-upstream $(CUDA_BASE_IMAGE) --local-base $(LOCAL_BASE_IMAGE) \
 	--torch-cpu '$(TORCH_CPU)' --torch-cpu-index '$(TORCH_CPU_INDEX)' --torch-cuda '$(TORCH_CUDA)' \
 	--wheelhouse $(abspath $(WHEELHOUSE))
-CLUSTER_JOB = cluster/run-job.sh --project $(CLUSTER) --nodes $(NODES) --nproc-per-node $(NPROC_PER_NODE) \
-	--master-port $(MASTER_PORT) --image $(IMAGE_NAME):$(IMAGE_TAG) --results $(RESULTS) --timeout $(CLUSTER_TIMEOUT) \
-	$(if $(filter 1,$(GPU)),--gpu)
-COMPOSE = docker compose -f compose.yaml -p $(CLUSTER) --profile mpi
+knob = $(if $(strip $(2)),$(1) $(call quote,$(2)))
+quote = '$(subst ','\'',$(1))'
+SPEC_FLAGS = $(call knob,--spec,$(SPEC)) $(call knob,--name,$(CLUSTER)) $(call knob,--nodes,$(NODES)) \
+	$(call knob,--nproc-per-node,$(NPROC_PER_NODE)) $(call knob,--gpus-per-node,$(GPUS_PER_NODE)) \
+	$(call knob,--master-port,$(MASTER_PORT)) $(call knob,--max-restarts,$(MAX_RESTARTS)) \
+	$(call knob,--time-limit,$(CLUSTER_TIMEOUT)) --image $(IMAGE_NAME):$(IMAGE_TAG)
+JOB_FLAGS = $(if $(SCRIPT),--script $(call quote,$(SCRIPT)) $(call knob,--args,$(ARGS)),$(call knob,--command,$(JOB)))
+CLUSTER_RUN = cluster/run-job.sh $(1) --python $(PYTHON) --results $(RESULTS) -- $(SPEC_FLAGS)
 
 .PHONY: engine
 engine: venv ## Install (Debian: docker.io + compose v2) and start the Docker engine if missing.
@@ -69,26 +75,22 @@ images-test: images ## Build both images offline, as CI does (BASE=local).
 
 .PHONY: cluster-up
 cluster-up: image-$(IMAGE_TAG) ## Start NODES x NPROC_PER_NODE containers, run JOB (or SCRIPT), stream rank 0, print the summary.
-	@$(CLUSTER_JOB) $(if $(SCRIPT),--script '$(SCRIPT)' --args '$(ARGS)',--job '$(JOB)')
+	@$(call CLUSTER_RUN,up) $(JOB_FLAGS)
 
 .PHONY: cluster-check
 cluster-check: image-$(IMAGE_TAG) ## Run `app check` across the cluster containers (torchrun, gloo).
-	@$(CLUSTER_JOB) --job 'check --json /results/check.json'
+	@$(call CLUSTER_RUN,up) --command 'check --json /results/check.json'
 
 .PHONY: cluster-mpi
 cluster-mpi: image-$(IMAGE_TAG) ## Run `app check` (or MPI_JOB/SCRIPT) with mpirun over SSH (compose profile mpi).
-	@$(CLUSTER_JOB) --mpi $(if $(SCRIPT),--script '$(SCRIPT)' --args '$(ARGS)',--job '$(MPI_JOB)')
+	@$(call CLUSTER_RUN,up) --launcher mpirun $(if $(SCRIPT),$(JOB_FLAGS),--command $(call quote,$(MPI_JOB)))
 
 .PHONY: cluster-logs
 cluster-logs: ## Show every cluster container's output (all ranks, init, sshd).
-	@$(COMPOSE) logs --no-color --timestamps
+	@$(call CLUSTER_RUN,logs)
 
 .PHONY: cluster-down
 cluster-down: ## Remove the cluster's containers, network and volumes (results stay in RESULTS).
-	@$(COMPOSE) down --volumes --remove-orphans --timeout 10
-	@left=$$(docker ps -aq --filter label=com.docker.compose.project=$(CLUSTER); \
-	  docker network ls -q --filter label=com.docker.compose.project=$(CLUSTER); \
-	  docker volume ls -q --filter label=com.docker.compose.project=$(CLUSTER)); \
-	  if [ -n "$$left" ]; then echo "error: left behind by $(CLUSTER): $$left" >&2; exit 1; fi
+	@$(call CLUSTER_RUN,down)
 
 TEST_PREREQS += engine

@@ -4,6 +4,7 @@ Run: ``.venv/bin/python -m pytest tests/docker`` (``make test`` runs it too).
 """
 
 import json
+import sys
 
 import pytest
 
@@ -76,41 +77,64 @@ def test_mpi_profile_runs_check_over_ssh(cluster):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--nodes", "0"], "NODES must be a whole number >= 1"),
-        (["--nodes", "two"], "NODES must be a whole number >= 1"),
-        (["--nproc-per-node", "-1"], "NPROC_PER_NODE must be a whole number >= 1"),
+        (["--nodes", "0"], "--nodes 0 must be >= 1"),
+        (["--nodes", "two"], "argument --nodes: invalid int value"),
+        (["--nodes", "17"], "use at most 16"),
+        (["--nproc-per-node", "-1"], "--nproc-per-node -1 must be >= 1"),
         (["--script", "no/such/train.py"], "no such file"),
-        (["--project", "Bad Name"], "is not a compose project name"),
-        (["--master-port", "80"], "MASTER_PORT must be 1024-65535"),
-        (["--bogus"], "unknown argument"),
+        (["--name", "Bad Name"], "--name 'Bad Name' must be lowercase"),
+        (["--master-port", "80"], "must be in 1024-65535"),
+        (["--launcher", "srun"], "the compose cluster runs torchrun or mpirun"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
     ],
 )
 def test_bad_input_is_one_line_error(engine, args, message):
-    proc = run(["cluster/run-job.sh", *args], 60)
+    proc = run(["cluster/run-job.sh", "up", "--", *args], 60)
     assert proc.returncode == 2, explain(proc)
     assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
     assert message in proc.stderr
 
 
-def test_compose_file_publishes_nothing_and_isolates_the_network(engine):
-    proc = run(
-        ["docker", "compose", "-f", str(ROOT / "compose.yaml"), "--profile", "mpi", "config", "--format", "json"], 60
-    )
-    assert proc.returncode == 0, explain(proc)
-    services = json.loads(proc.stdout)
-    assert all("ports" not in s for s in services["services"].values())
-    assert all(s["cap_drop"] == ["ALL"] for s in services["services"].values())
-    assert services["networks"]["cluster"]["internal"] is True
-    assert "version" not in services
+def test_bad_runner_arguments_are_one_line_errors(engine):
+    cases = ((["start"], "the action must be up, logs or down"), (["up", "--nodes", "2"], "spec flags go after --"))
+    for argv, message in cases:
+        proc = run(["cluster/run-job.sh", *argv], 60)
+        assert proc.returncode == 2 and message in proc.stderr and proc.stderr.count("\n") == 1, explain(proc)
 
 
-def test_gpu_override_reserves_gpus_for_every_node(engine):
-    files = ["-f", str(ROOT / "compose.yaml"), "-f", str(ROOT / "compose.gpu.yaml")]
-    proc = run(["docker", "compose", *files, "--profile", "mpi", "config", "--format", "json"], 60)
+def test_compose_reads_every_value_from_the_rendered_env_file(engine):
+    """compose.yaml has no defaults of its own: without the env file it refuses to start."""
+    bare = run(["docker", "compose", "--env-file", "/dev/null", "-f", str(ROOT / "compose.yaml"), "config"], 60)
+    assert bare.returncode != 0 and "render the env file first" in bare.stderr, explain(bare)
+
+
+def _config(tmp_path, *flags: str, files: tuple[str, ...] = ("compose.yaml",)) -> dict:
+    """compose's resolved configuration for the env file that the spec renders with FLAGS."""
+    env = tmp_path / "cluster.env"
+    rendered = run([sys.executable, "-m", "app", "topology", *flags, "--format", "compose", "--output", str(env)], 60)
+    assert rendered.returncode == 0, explain(rendered)
+    paths = [arg for f in files for arg in ("-f", str(ROOT / f))]
+    compose = ["docker", "compose", "--env-file", str(env), *paths, "--profile", "mpi"]
+    proc = run([*compose, "config", "--format", "json"], 60)
     assert proc.returncode == 0, explain(proc)
-    services = json.loads(proc.stdout)["services"]
+    return json.loads(proc.stdout)
+
+
+def test_compose_file_publishes_nothing_and_isolates_the_network(engine, tmp_path):
+    config = _config(tmp_path, "--nodes", "3")
+    services = config["services"]
+    assert all("ports" not in s for s in services.values())
+    assert all(s["cap_drop"] == ["ALL"] for s in services.values())
+    assert config["networks"]["cluster"]["internal"] is True
+    assert "version" not in config
+    assert services["worker"]["scale"] == 2 and services["mpi-worker"]["scale"] == 3
+
+
+def test_gpu_override_reserves_gpus_for_every_node(engine, tmp_path):
+    flags = ("--gpus-per-node", "2", "--image", "ddp-cluster:cuda")
+    services = _config(tmp_path, *flags, files=("compose.yaml", "compose.gpu.yaml"))["services"]
     for name in ("head", "worker", "mpi-worker"):
         devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
-        assert devices[0]["capabilities"] == ["gpu"], services[name]
+        assert devices[0]["capabilities"] == ["gpu"] and devices[0]["count"] == 2, services[name]
         assert services[name]["image"] == "ddp-cluster:cuda"
         assert services[name]["volumes"][0]["target"] == "/cluster", "the override must keep the base service"

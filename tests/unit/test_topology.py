@@ -1,24 +1,28 @@
-"""Topology rendering: the hostfile, env file and launcher arguments that compose and Ansible use."""
+"""Rendering from the cluster spec: the hostfile, env file and launcher arguments that compose,
+Ansible and users' launches use, and the `app topology` command."""
 
 import json
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from app.errors import UsageError
-from app.platform.topology import Host, Topology, parse_hostfile, parse_hosts, render, torchrun_args
+from app.platform import render
+from app.platform.spec import ClusterSpec, Host, Job, Nodes, Rendezvous, build, parse_hostfile, parse_hosts
 
-TWO_BY_TWO = Topology(parse_hosts("node0:2,node1:2"), master_port=29400, ifname="eth0")
+TWO_BY_TWO = build({"nodes": {"hosts": "node0:2,node1:2"}, "rendezvous": {"master_port": 29400, "ifname": "eth0"}})
+HOSTS = TWO_BY_TWO.nodes.hosts
 
 
 def test_hostfile_has_one_line_per_host_with_slots() -> None:
-    assert render(TWO_BY_TWO, "hostfile") == "node0 slots=2\nnode1 slots=2\n"
+    assert render.render_hostfile(HOSTS) == "node0 slots=2\nnode1 slots=2\n"
 
 
 def test_env_file_names_master_and_sizes() -> None:
-    assert render(TWO_BY_TWO, "env").splitlines() == [
+    assert render.render_env(TWO_BY_TWO, HOSTS).splitlines() == [
         "MASTER_ADDR=node0",
         "MASTER_PORT=29400",
         "NNODES=2",
@@ -30,18 +34,20 @@ def test_env_file_names_master_and_sizes() -> None:
 
 
 def test_torchrun_static_and_c10d_rendezvous() -> None:
-    assert torchrun_args(TWO_BY_TWO, node_rank=1) == [
+    assert render.torchrun_args(TWO_BY_TWO, HOSTS, node_rank=1) == [
         "--nnodes=2",
         "--nproc-per-node=2",
+        "--max-restarts=0",
         "--node-rank=1",
         "--master-addr=node0",
         "--master-port=29400",
     ]
-    assert "--rdzv-endpoint=node0:29400" in torchrun_args(TWO_BY_TWO)
+    c10d = render.torchrun_args(TWO_BY_TWO, HOSTS)
+    assert "--rdzv-endpoint=node0:29400" in c10d and "--rdzv-conf=join_timeout=120" in c10d
 
 
 def test_mpirun_args_carry_master_and_interface() -> None:
-    args = shlex.split(render(TWO_BY_TWO, "mpirun", hostfile="/etc/ddp/hostfile"))
+    args = render.mpirun_args(TWO_BY_TWO, HOSTS, hostfile="/etc/ddp/hostfile")
     assert args[:4] == ["-np", "4", "--hostfile", "/etc/ddp/hostfile"]
     assert "MASTER_ADDR=node0" in args and "MASTER_PORT=29400" in args
     assert not any(a.startswith("WORLD_SIZE=") for a in args), "WORLD_SIZE without RANK breaks launcher detection"
@@ -49,37 +55,69 @@ def test_mpirun_args_carry_master_and_interface() -> None:
 
 
 def test_master_addr_override_and_uneven_hosts() -> None:
-    topo = Topology((Host("a", 4), Host("b", 2)), master_addr="10.1.1.1")
-    env = render(topo, "env")
+    uneven = (Host("a", 4), Host("b", 2))
+    spec = build({"nodes": {"hosts": uneven}, "rendezvous": {"master_addr": "10.1.1.1"}, "job": {"launcher": "mpirun"}})
+    env = render.render_env(spec, uneven)
     assert "MASTER_ADDR=10.1.1.1" in env and "WORLD_SIZE=6" in env and "NPROC_PER_NODE" not in env
+    assert spec.world_size == 6
     with pytest.raises(UsageError, match="same slots"):
-        torchrun_args(topo)
+        render.torchrun_args(spec, uneven)
+    with pytest.raises(UsageError, match="same slots"):
+        build({"nodes": {"hosts": uneven}})
 
 
 def test_hostfile_round_trip_with_comments() -> None:
     text = "# cluster\nnode0 slots=8\nnode1 slots=8 max_slots=8  # second\n\nnode2\n"
     assert parse_hostfile(text) == (Host("node0", 8), Host("node1", 8), Host("node2", 1))
-    assert parse_hostfile(render(TWO_BY_TWO, "hostfile")) == TWO_BY_TWO.hosts
+    assert parse_hostfile(render.render_hostfile(HOSTS)) == HOSTS
+
+
+def test_named_hosts_set_the_shape() -> None:
+    spec = build({"nodes": {"hosts": "a:3,b:3,c:3"}})
+    assert (spec.nodes.nodes, spec.nodes.nproc_per_node, spec.world_size) == (3, 3, 9)
+    assert build({}).world_size == Nodes().nodes * Nodes().nproc_per_node
+
+
+def test_job_argv_runs_the_app_or_the_users_script_unchanged() -> None:
+    assert render.job_argv(build({"job": {"command": "check --json /r/c.json"}})) == [
+        "-m",
+        "app",
+        "check",
+        "--json",
+        "/r/c.json",
+    ]
+    script = build({"job": {"script": "jobs/train.py", "args": "--lr 0.1 --name 'a b'"}})
+    assert render.job_argv(script) == ["/job/train.py", "--lr", "0.1", "--name", "a b"]
+    assert render.python_argv(script)[:2] == ["python", "/job/train.py"]
 
 
 @pytest.mark.parametrize(
-    ("build", "message"),
+    ("build_it", "message"),
     [
         (lambda: parse_hostfile("node0 slots=two\n", "hosts.txt"), "hosts.txt line 1"),
         (lambda: parse_hostfile("node0 cpus=2\n"), "node0 slots=2"),
         (lambda: parse_hosts("node0:x"), "NAME:SLOTS"),
         (lambda: parse_hosts("node0:0"), "at least 1 slot"),
         (lambda: parse_hosts("bad host:1"), "not a valid host name"),
-        (lambda: Topology(()), "no hosts"),
-        (lambda: Topology(parse_hosts("a:1,a:1")), "listed twice"),
-        (lambda: Topology(parse_hosts("a:1"), master_port=0), "1024-65535"),
-        (lambda: Topology(parse_hosts("a:1"), ifname="eth0; rm -rf /"), "interface name"),
-        (lambda: torchrun_args(TWO_BY_TWO, node_rank=2), "--node-rank 2"),
+        (lambda: build({"nodes": {"hosts": "a:1,a:1"}}), "listed twice"),
+        (lambda: Rendezvous(master_port=0), "1024-65535"),
+        (lambda: Rendezvous(ifname="eth0; rm -rf /"), "interface name"),
+        (lambda: render.torchrun_args(TWO_BY_TWO, HOSTS, node_rank=2), "--node-rank 2"),
+        (lambda: Nodes(nodes=0), "--nodes 0 must be >= 1"),
+        (lambda: Nodes(nproc_per_node=4, gpus_per_node=2), "exceeds --gpus-per-node 2"),
+        (lambda: build({"nodes": {"hosts": "a:1,b:1", "nodes": 3}}), "--nodes 3 but 2 host(s)"),
+        (lambda: build({"nodes": {"hosts": "a:2,b:2", "nproc_per_node": 4}}), "--nproc-per-node 4 but"),
+        (lambda: Job(name="Bad_Name"), "--name 'Bad_Name'"),
+        (lambda: Job(launcher="pbs"), "--launcher 'pbs'"),
+        (lambda: Job(args="--lr 1"), "give --script too"),
+        (lambda: Job(time_limit=0), "--time-limit 0"),
+        (lambda: Rendezvous(max_restarts=-1), "--max-restarts -1"),
+        (lambda: build({"nodes": {"nodes": "two"}}), "--nodes"),
     ],
 )
-def test_bad_topologies_are_one_line_errors(build, message: str) -> None:
-    with pytest.raises(UsageError, match=None) as caught:
-        build()
+def test_bad_specs_are_one_line_errors(build_it, message: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        build_it()
     assert message in str(caught.value) and "\n" not in str(caught.value)
 
 
@@ -110,3 +148,37 @@ def test_cli_bad_hostfile_exits_2_with_one_line(tmp_path) -> None:
     done = _topology_cli("--hostfile", str(tmp_path / "missing"), "--format", "hostfile")
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "cannot read --hostfile" in done.stderr
+
+
+def test_spec_file_is_overridden_by_flags_and_checked_for_unknown_keys(tmp_path) -> None:
+    path = tmp_path / "cluster.toml"
+    path.write_text('[nodes]\nnodes = 3\nnproc_per_node = 1\n\n[job]\nname = "lab"\n')
+    done = _topology_cli("--spec", str(path), "--nproc-per-node", "4", "--format", "json")
+    data = json.loads(done.stdout)
+    assert (data["nodes"]["nodes"], data["nodes"]["nproc_per_node"], data["job"]["name"]) == (3, 4, "lab")
+    assert data["world_size"] == 12
+    path.write_text("[nodes]\nnode = 3\n")
+    done = _topology_cli("--spec", str(path))
+    assert done.returncode == 2 and "unknown key 'node'" in done.stderr and "nproc_per_node" in done.stderr
+    path.write_text("[nodes\n")
+    done = _topology_cli("--spec", str(path))
+    assert done.returncode == 2 and "is not valid TOML" in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_the_json_spec_round_trips() -> None:
+    spec = build({"nodes": {"hosts": "a:2,b:2"}, "job": {"command": "check", "launcher": "mpirun"}})
+    done = _topology_cli("--spec-json", json.dumps(spec.as_dict()), "--format", "json")
+    assert build(json.loads(done.stdout)) == spec
+    assert isinstance(build({}), ClusterSpec)
+
+
+def test_mpirun_format_quotes_nothing_it_cannot_split() -> None:
+    done = _topology_cli("--hosts", "a:1,b:1", "--ifname", "eth1", "--format", "mpirun")
+    assert shlex.split(done.stdout)[:2] == ["-np", "2"]
+
+
+def test_the_readme_documents_every_spec_key_as_the_code_defines_it() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = _topology_cli("--format", "doc").stdout
+    assert table.count("\n") > 15
+    assert table in readme, "README.md's spec table is stale: paste `python -m app topology --format doc`"

@@ -1,0 +1,93 @@
+"""Launch files rendered from a cluster spec: hostfile, env file, torchrun and mpirun arguments, and
+the command every rank runs. Used by the compose cluster, Ansible and ``python -m app topology``.
+
+    python -m app topology --hosts node0:2,node1:2 --format hostfile   # node0 slots=2 ...
+    python -m app topology --hosts node0:2,node1:2 --ifname eth0 --format env
+    python -m app topology --hostfile hosts.txt --format torchrun --node-rank 1
+    python -m app topology --hostfile hosts.txt --format mpirun
+"""
+
+import shlex
+
+from app.errors import UsageError
+from app.platform import envvars
+from app.platform.spec import ClusterSpec, Host
+
+
+def env_vars(spec: ClusterSpec, hosts: tuple[Host, ...]) -> dict[str, str]:
+    """The variables every process of the job needs, in the order they are written."""
+    values = {
+        envvars.MASTER_ADDR: spec.master(hosts),
+        envvars.MASTER_PORT: str(spec.rendezvous.master_port),
+        envvars.NNODES: str(len(hosts)),
+        envvars.TORCHRUN.size: str(sum(h.slots for h in hosts)),
+    }
+    slots = {h.slots for h in hosts}
+    if len(slots) == 1:
+        values[envvars.NPROC_PER_NODE] = str(slots.pop())
+    if spec.rendezvous.ifname:
+        values |= dict.fromkeys(envvars.IFNAME_VARIABLES, spec.rendezvous.ifname)
+    return values
+
+
+def render_env(spec: ClusterSpec, hosts: tuple[Host, ...]) -> str:
+    """KEY=VALUE lines for docker --env-file, compose env_file and shell ``source``."""
+    return "".join(f"{key}={value}\n" for key, value in env_vars(spec, hosts).items())
+
+
+def render_hostfile(hosts: tuple[Host, ...]) -> str:
+    """OpenMPI hostfile: one ``host slots=N`` line per host."""
+    return "".join(f"{h.name} slots={h.slots}\n" for h in hosts)
+
+
+def torchrun_args(spec: ClusterSpec, hosts: tuple[Host, ...], node_rank: int | None = None) -> list[str]:
+    """torchrun's arguments: a static rendezvous when ``node_rank`` is known, else c10d on the master.
+
+    c10d lets the agents restart their workers in a new rendezvous round (``max_restarts``); a
+    static rendezvous fixes each node's rank (Ansible knows them from its inventory).
+    """
+    if len({h.slots for h in hosts}) != 1:
+        raise UsageError(
+            f"torchrun needs the same slots on every host, got {sorted({h.slots for h in hosts})}: "
+            "use mpirun for uneven hosts or equalise the slots"
+        )
+    r = spec.rendezvous
+    args = [f"--nnodes={len(hosts)}", f"--nproc-per-node={hosts[0].slots}", f"--max-restarts={r.max_restarts}"]
+    if node_rank is None:
+        return [
+            *args,
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={spec.master(hosts)}:{r.master_port}",
+            f"--rdzv-id={spec.job.name}",
+            f"--rdzv-conf=join_timeout={r.join_timeout}",
+        ]
+    if not 0 <= node_rank < len(hosts):
+        raise UsageError(f"--node-rank {node_rank} must be in [0, {len(hosts)}) for {len(hosts)} hosts")
+    return [*args, f"--node-rank={node_rank}", f"--master-addr={spec.master(hosts)}", f"--master-port={r.master_port}"]
+
+
+def mpirun_args(spec: ClusterSpec, hosts: tuple[Host, ...], hostfile: str = "hostfile") -> list[str]:
+    """mpirun's arguments: the hostfile, the process count and the variables every rank needs."""
+    args = ["-np", str(sum(h.slots for h in hosts)), "--hostfile", hostfile]
+    # OpenMPI gives each rank its rank and size; an exported WORLD_SIZE would read as a partial
+    # torchrun environment (WORLD_SIZE without RANK), so only the rendezvous and interface travel.
+    for key, value in env_vars(spec, hosts).items():
+        if key not in (envvars.TORCHRUN.size, envvars.NNODES, envvars.NPROC_PER_NODE):
+            args += ["-x", f"{key}={value}"]
+    if spec.rendezvous.ifname:
+        ifname = spec.rendezvous.ifname
+        args += ["--mca", "btl_tcp_if_include", ifname, "--mca", "oob_tcp_if_include", ifname]
+    return args
+
+
+def job_argv(spec: ClusterSpec, script_dir: str = "/job") -> list[str]:
+    """What follows the launcher on every rank: ``-m app COMMAND`` or the user's script (in ``script_dir``)."""
+    job = spec.job
+    if job.script:
+        return [f"{script_dir}/{job.script.rsplit('/', 1)[-1]}", *shlex.split(job.args)]
+    return ["-m", "app", *shlex.split(job.command)]
+
+
+def python_argv(spec: ClusterSpec, script_dir: str = "/job", python: str = "python") -> list[str]:
+    """The job as a plain process: ``python -m app COMMAND`` or ``python SCRIPT ARGS`` (mpirun, srun)."""
+    return [python, *job_argv(spec, script_dir)]

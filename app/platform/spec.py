@@ -1,0 +1,346 @@
+"""The cluster spec: the one place that defines a cluster's shape, its rendezvous and its job, with
+their defaults and their validation. Every engine's launch files are rendered from it (``render``,
+``python -m app topology``): compose, hostfiles, torchrun and mpirun arguments, Ansible, Slurm
+batch scripts and Kubernetes manifests. Needs no torch.
+
+    python -m app topology --format json                          # the defaults, as data
+    python -m app topology --spec cluster.toml --nodes 4 --format compose
+    python -m app topology --hosts node0:8,node1:8 --format hostfile
+
+A spec file is TOML with one table per section (``[nodes]``, ``[rendezvous]``, ``[job]``,
+``[slurm]``, ``[kubernetes]``) holding fields of the same names as below. Precedence: command-line
+flags > the spec file > these defaults. Hosts given by name (``--hosts``/``--hostfile``, or
+``hosts`` in the file) set ``nodes`` and ``nproc_per_node`` unless those are given too.
+"""
+
+import re
+import tomllib
+import types
+import typing
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from app.errors import UsageError
+from app.flags import flag
+from app.platform import envvars
+
+_HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-_]*[A-Za-z0-9])?$|^[0-9a-fA-F:]+$")
+_IFNAME = re.compile(r"^[A-Za-z0-9_.:\-^,]+$")
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
+LAUNCHERS = ("torchrun", "mpirun", "srun")
+ENGINES = {
+    "compose": "the compose mini-cluster (make cluster-*)",
+    "ansible": "Ansible-provisioned nodes (ansible/deploy.yml)",
+    "slurm": "Slurm batch jobs (--format sbatch, make slurm-*)",
+    "kubernetes": "Kubernetes manifests (--format k8s, --format pytorchjob)",
+    "files": "hostfile, env file, torchrun and mpirun arguments (--format hostfile|env|torchrun|mpirun)",
+}
+"""Where a spec is used, by the names its fields' ``used_by`` metadata gives."""
+
+
+def used_by(*engines: str) -> dict:
+    """Field metadata: the engines that use this field (``all``: every one)."""
+    unknown = set(engines) - {"all", *ENGINES}
+    assert not unknown, f"unknown engines {unknown}"
+    return {"engines": tuple(ENGINES) if engines == ("all",) else engines}
+
+
+@dataclass(frozen=True)
+class Host:
+    """One machine and the number of processes it runs."""
+
+    name: str
+    """Host name or address that every other host can reach."""
+    slots: int
+    """Processes on this host (GPUs on a GPU node)."""
+
+    def __post_init__(self) -> None:
+        if not _HOSTNAME.match(self.name):
+            raise UsageError(f"host name {self.name!r} is not a valid host name or address")
+        if self.slots < 1:
+            raise UsageError(f"host {self.name} has slots={self.slots}: give it at least 1 slot")
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.slots}"
+
+
+def parse_hosts(spec: str) -> tuple[Host, ...]:
+    """Parse ``node0:2,node1:2`` (a host without ``:N`` has one slot)."""
+    hosts = []
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, sep, slots = item.rpartition(":") if item.count(":") == 1 else (item, "", "1")
+        if sep and not slots.isdigit():
+            raise UsageError(f"--hosts item {item!r} must look like node0:2 (NAME:SLOTS)")
+        hosts.append(Host(name if sep else item, int(slots)))
+    return tuple(hosts)
+
+
+def parse_hostfile(text: str, source: str = "hostfile") -> tuple[Host, ...]:
+    """Parse an OpenMPI hostfile: ``NAME [slots=N]`` per line, ``#`` starts a comment."""
+    hosts = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, *options = line.split()
+        slots = 1
+        for option in options:
+            key, _, value = option.partition("=")
+            if key in ("slots", "max_slots", "max-slots") and value.isdigit():
+                slots = int(value) if key == "slots" else slots
+            else:
+                raise UsageError(f"{source} line {number}: {raw.strip()!r} must look like 'node0 slots=2'")
+        hosts.append(Host(name, slots))
+    return tuple(hosts)
+
+
+def _positive(flag_name: str, value: int) -> None:
+    if value < 1:
+        raise UsageError(f"{flag_name} {value} must be >= 1")
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """The cluster's shape: its nodes and the processes on each."""
+
+    nodes: int = field(default=2, metadata=used_by("all"))
+    """Nodes in the job: containers (compose), machines (Ansible, Slurm -N) or pods (Kubernetes)."""
+    nproc_per_node: int = field(default=2, metadata=used_by("all"))
+    """Processes per node, one per GPU on GPU nodes."""
+    gpus_per_node: int = field(default=0, metadata=used_by("compose", "slurm", "kubernetes"))
+    """GPUs of each node that the job uses (0: CPU nodes and gloo; else NCCL, one process per GPU)."""
+    hosts: tuple[Host, ...] = field(
+        default=(),
+        metadata=flag(parse=parse_hosts, show="named by the engine", metavar="NAME:SLOTS,...")
+        | used_by("ansible", "files"),
+    )
+    """The nodes by name and slots, in node rank order (Ansible, hostfiles); empty: each engine names them."""
+
+    def __post_init__(self) -> None:
+        _positive("--nodes", self.nodes)
+        _positive("--nproc-per-node", self.nproc_per_node)
+        if self.gpus_per_node < 0:
+            raise UsageError(f"--gpus-per-node {self.gpus_per_node} must be >= 0 (0: CPU nodes)")
+        if self.gpus_per_node and self.nproc_per_node > self.gpus_per_node:
+            raise UsageError(
+                f"--nproc-per-node {self.nproc_per_node} exceeds --gpus-per-node {self.gpus_per_node}: "
+                "NCCL runs one process per GPU; lower --nproc-per-node"
+            )
+        names = [h.name for h in self.hosts]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise UsageError(f"host {twice[0]} is listed twice: list each host once with its total slots")
+        if self.hosts and len(self.hosts) != self.nodes:
+            raise UsageError(
+                f"--nodes {self.nodes} but {len(self.hosts)} host(s) are named ({', '.join(names)}): "
+                "give the hosts alone, their number follows"
+            )
+        if self.hosts and not self.uneven and self.hosts[0].slots != self.nproc_per_node:
+            raise UsageError(
+                f"--nproc-per-node {self.nproc_per_node} but the hosts have {self.hosts[0].slots} slots each: "
+                "give the hosts alone, their slots follow"
+            )
+
+    @property
+    def uneven(self) -> bool:
+        """True when named hosts have different slots (mpirun can run them; torchrun cannot)."""
+        return len({h.slots for h in self.hosts}) > 1
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where and how the nodes meet."""
+
+    master_addr: str | None = field(default=None, metadata=used_by("files", "ansible"))
+    """Host that serves the rendezvous (default: the first node)."""
+    master_port: int = field(default=envvars.DEFAULT_MASTER_PORT, metadata=used_by("all"))
+    """Rendezvous port on the master; only the cluster's hosts need to reach it."""
+    ifname: str | None = field(default=None, metadata=used_by("all"))
+    """Network interface for gloo and NCCL (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME); default: the one
+    that routes to the master."""
+    join_timeout: int = field(default=120, metadata=used_by("compose", "slurm", "kubernetes"))
+    """Seconds a node waits at the rendezvous for the others before the job fails."""
+    max_restarts: int = field(default=0, metadata=used_by("compose", "slurm", "kubernetes"))
+    """Times torchrun restarts every worker after one fails (each restart is a new rendezvous round;
+    the job resumes from its last checkpoint); 0: fail at once."""
+
+    def __post_init__(self) -> None:
+        if self.master_addr is not None and not _HOSTNAME.match(self.master_addr):
+            raise UsageError(f"--master-addr {self.master_addr!r} is not a valid host name or address")
+        envvars.check_port(self.master_port, "--master-port")
+        if self.ifname is not None and not _IFNAME.match(self.ifname):
+            raise UsageError(f"--ifname {self.ifname!r} is not an interface name like eth0")
+        _positive("--join-timeout", self.join_timeout)
+        if self.max_restarts < 0:
+            raise UsageError(f"--max-restarts {self.max_restarts} must be >= 0 (0: no restarts)")
+
+
+@dataclass(frozen=True)
+class Job:
+    """What runs on every node."""
+
+    name: str = field(default="ddp-cluster", metadata=used_by("compose", "slurm", "kubernetes"))
+    """The job's name: compose project, Slurm job name, Kubernetes object names and rendezvous id
+    (lowercase letters, digits and -, at most 40)."""
+    command: str = field(
+        default="train --dataset digits --epochs 10 --out /results/digits --resume auto", metadata=used_by("all")
+    )
+    """The app command every rank runs (python -m app COMMAND)."""
+    script: str | None = field(default=None, metadata=used_by("compose", "slurm"))
+    """A user's torchrun script to run unchanged instead of the app command (compose mounts its folder at /job)."""
+    args: str = field(default="", metadata=used_by("compose", "slurm"))
+    """Arguments of --script."""
+    launcher: str = field(default="torchrun", metadata=used_by("compose", "ansible", "slurm"))
+    """torchrun (one agent per node), mpirun (OpenMPI over SSH from the first node) or srun (Slurm,
+    one task per rank)."""
+    image: str = field(default="ddp-cluster:cpu", metadata=used_by("compose", "ansible", "kubernetes"))
+    """The workload image (compose, Ansible, Kubernetes)."""
+    time_limit: int = field(default=1200, metadata=used_by("compose", "ansible", "slurm", "kubernetes"))
+    """Seconds the job may run before it is stopped (compose, Ansible, Slurm --time, Kubernetes
+    activeDeadlineSeconds)."""
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise UsageError(
+                f"--name {self.name!r} must be lowercase letters, digits and '-', at most 40, "
+                "starting and ending with a letter or digit (it names containers, jobs and pods)"
+            )
+        if self.launcher not in LAUNCHERS:
+            raise UsageError(f"--launcher {self.launcher!r} is not one of {', '.join(LAUNCHERS)}")
+        if not self.script and not self.command.strip():
+            raise UsageError("--command is empty: give an app command such as 'check', or --script")
+        if self.args and not self.script:
+            raise UsageError("--args are the arguments of --script: give --script too, or put them in --command")
+        _positive("--time-limit", self.time_limit)
+
+
+@dataclass(frozen=True)
+class Slurm:
+    """Slurm batch jobs (``--format sbatch``)."""
+
+    partition: str | None = field(default=None, metadata=used_by("slurm"))
+    """Partition to submit to (default: the cluster's default partition)."""
+    requeue: bool = field(default=True, metadata=used_by("slurm"))
+    """Requeue the job when it is preempted or a node fails; it resumes from its last checkpoint."""
+    output_pattern: str = field(default="%x-%j.out", metadata=used_by("slurm"))
+    """File of the job's output (sbatch --output: %x is the job name, %j its id)."""
+
+
+@dataclass(frozen=True)
+class Kubernetes:
+    """Kubernetes manifests (``--format k8s``, ``--format pytorchjob``)."""
+
+    namespace: str = field(default="default", metadata=used_by("kubernetes"))
+    """Namespace of every object."""
+    results_claim: str = field(default="ddp-results", metadata=used_by("kubernetes"))
+    """PersistentVolumeClaim mounted at /results (checkpoints, metrics, summaries)."""
+
+
+SECTIONS = {"nodes": Nodes, "rendezvous": Rendezvous, "job": Job, "slurm": Slurm, "kubernetes": Kubernetes}
+"""The spec's sections by their name in a spec file."""
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """One cluster and its job, in every engine's terms."""
+
+    nodes: Nodes = field(default_factory=Nodes)
+    rendezvous: Rendezvous = field(default_factory=Rendezvous)
+    job: Job = field(default_factory=Job)
+    slurm: Slurm = field(default_factory=Slurm)
+    kubernetes: Kubernetes = field(default_factory=Kubernetes)
+
+    def __post_init__(self) -> None:
+        if self.job.launcher == "torchrun" and self.nodes.uneven:
+            slots = sorted({h.slots for h in self.nodes.hosts})
+            raise UsageError(
+                f"torchrun needs the same slots on every host, got {slots}: "
+                "use --launcher mpirun for uneven hosts or equalise the slots"
+            )
+
+    @property
+    def world_size(self) -> int:
+        """Processes in the whole job."""
+        if self.nodes.hosts:
+            return sum(h.slots for h in self.nodes.hosts)
+        return self.nodes.nodes * self.nodes.nproc_per_node
+
+    def master(self, hosts: tuple[Host, ...]) -> str:
+        """The host that serves the rendezvous: --master-addr, else the first of ``hosts``."""
+        return self.rendezvous.master_addr or hosts[0].name
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        """The spec as plain data, one table per section (hosts as NAME:SLOTS strings)."""
+        data = asdict(self)
+        data["nodes"]["hosts"] = ",".join(map(str, self.nodes.hosts))
+        return data
+
+
+def _unknown(where: str, given: set[str], known: list[str]) -> None:
+    extra = sorted(given - set(known))
+    if extra:
+        raise UsageError(f"{where}: unknown key {extra[0]!r}: the keys are {', '.join(known)}")
+
+
+def read_file(path: Path) -> dict[str, dict[str, Any]]:
+    """A spec file's tables, checked for unknown sections and keys."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as error:
+        raise UsageError(f"cannot read --spec {path}: {error.strerror or error}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise UsageError(f"--spec {path} is not valid TOML ({error}): see README.md, 'The cluster spec'") from None
+    _unknown(f"--spec {path}", set(data), list(SECTIONS))
+    for name, table in data.items():
+        if not isinstance(table, dict):
+            raise UsageError(f"--spec {path}: [{name}] must be a table of keys, got {table!r}")
+        _unknown(f"--spec {path} [{name}]", set(table), [f.name for f in fields(SECTIONS[name])])
+    return data
+
+
+def build(tables: dict[str, dict[str, Any]]) -> ClusterSpec:
+    """The spec from per-section values (a spec file's and the flags' merged); missing values default.
+
+    Hosts given by name set ``nodes`` and ``nproc_per_node`` (their count and their slots) unless
+    those are given too, in which case they must agree.
+    """
+    values = {name: dict(tables.get(name, {})) for name in SECTIONS}
+    shape = values["nodes"]
+    if isinstance(shape.get("hosts"), list):  # a spec file's hosts = ["a:2", "b:2"]
+        shape["hosts"] = ",".join(map(str, shape["hosts"]))
+    if isinstance(shape.get("hosts"), str):
+        shape["hosts"] = parse_hosts(shape["hosts"])
+    hosts = shape.get("hosts") or ()
+    if hosts:
+        shape.setdefault("nodes", len(hosts))
+        shape.setdefault("nproc_per_node", max(h.slots for h in hosts))
+    for name, cls in SECTIONS.items():
+        _check_types(name, cls, values[name])
+    return ClusterSpec(**{name: cls(**values[name]) for name, cls in SECTIONS.items()})
+
+
+_KINDS = {int: "a whole number", str: "a string", bool: "true or false", tuple: "a list of NAME:SLOTS"}
+
+
+def _check_types(section: str, cls: type, values: dict[str, Any]) -> None:
+    """A one-line error for a spec value of the wrong kind (a spec file can hold anything)."""
+    hints = typing.get_type_hints(cls)
+    for key, value in values.items():
+        kind = typing.get_origin(hints[key]) or hints[key]
+        if kind in (typing.Union, types.UnionType):
+            if value is None:
+                continue
+            kind = next(a for a in typing.get_args(hints[key]) if a is not type(None))
+        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if not ok:
+            raise UsageError(
+                f"spec key {section}.{key} = {value!r} must be {_KINDS.get(kind, kind.__name__)} "
+                f"(flag {'--' + key.replace('_', '-')})"
+            )
+
+
+def with_hosts(spec: ClusterSpec, hosts: tuple[Host, ...]) -> ClusterSpec:
+    """``spec`` on these named hosts (their number and slots replace nodes and nproc_per_node)."""
+    shape = replace(spec.nodes, nodes=len(hosts), nproc_per_node=max(h.slots for h in hosts), hosts=hosts)
+    return replace(spec, nodes=shape)
