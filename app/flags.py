@@ -121,7 +121,8 @@ def add_arguments(
         settings = f.metadata.get(FLAG, {})
         kind, _ = _base_type(hints[f.name])
         default = default_of(f)
-        text = argparse.SUPPRESS if settings.get("hidden") else f"{helps.get(f.name, '')} (default: {shown(f)})"
+        text = f"{helps.get(f.name, '')} (default: {shown(f)})".replace("%", "%%")  # argparse formats help
+        text = argparse.SUPPRESS if settings.get("hidden") else text
         initial = argparse.SUPPRESS if overrides_only else default
         if kind is bool:
             group.add_argument(

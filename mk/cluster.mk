@@ -48,7 +48,8 @@ SPEC_FLAGS = $(call knob,--spec,$(SPEC)) $(call knob,--name,$(CLUSTER)) $(call k
 	$(call knob,--master-port,$(MASTER_PORT)) $(call knob,--max-restarts,$(MAX_RESTARTS)) \
 	$(call knob,--time-limit,$(CLUSTER_TIMEOUT)) --image $(IMAGE_NAME):$(IMAGE_TAG)
 JOB_FLAGS = $(if $(SCRIPT),--script $(call quote,$(SCRIPT)) $(call knob,--args,$(ARGS)),$(call knob,--command,$(JOB)))
-CLUSTER_RUN = cluster/run-job.sh $(1) --python $(PYTHON) --results $(RESULTS) -- $(SPEC_FLAGS)
+# The cluster runner is the app's own (stdlib only): the host needs no venv to run the cluster.
+CLUSTER_RUN = PYTHONPATH=$(CURDIR) $(PYTHON) -m app cluster $(1) --results $(RESULTS) $(SPEC_FLAGS)
 
 .PHONY: engine
 engine: venv ## Install (Debian: docker.io + compose v2) and start the Docker engine if missing.

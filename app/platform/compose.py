@@ -67,6 +67,14 @@ def script_dir(spec: ClusterSpec) -> Path | None:
     return script.resolve().parent
 
 
+def job_line(spec: ClusterSpec) -> str:
+    """The job as the node's command line shows it (after torchrun, or the mpirun launcher's)."""
+    argv = (
+        render.python_argv(spec, SCRIPT_MOUNT) if spec.job.launcher == "mpirun" else render.job_argv(spec, SCRIPT_MOUNT)
+    )
+    return shlex.join(argv)
+
+
 def _quoted(value: str) -> str:
     """A value for compose's env file, taken literally (single quotes) unless it holds one."""
     if "'" not in value:

@@ -161,7 +161,7 @@ class Rendezvous:
     that routes to the master."""
     join_timeout: int = field(default=120, metadata=used_by("compose", "slurm", "kubernetes"))
     """Seconds a node waits at the rendezvous for the others before the job fails."""
-    max_restarts: int = field(default=0, metadata=used_by("compose", "slurm", "kubernetes"))
+    max_restarts: int = field(default=3, metadata=used_by("compose", "slurm", "kubernetes"))
     """Times torchrun restarts every worker after one fails (each restart is a new rendezvous round;
     the job resumes from its last checkpoint); 0: fail at once."""
 

@@ -104,7 +104,7 @@ FORMATS: dict[str, tuple[Renderer, str]] = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``python -m app topology``: the request, then one flag per spec field."""
+    """Flags of ``python -m app topology``: what to render and where, then the spec's flags."""
     parser.add_argument(
         "--format",
         default="json",
@@ -112,14 +112,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FORMAT",
         help="what to render: " + "; ".join(f"{name}: {text}" for name, (_, text) in FORMATS.items()),
     )
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--spec", type=Path, metavar="FILE", help="a spec file (TOML); flags override it")
-    source.add_argument("--spec-json", metavar="JSON", help="the spec as JSON (what --format json prints)")
-    parser.add_argument("--hostfile", type=Path, metavar="FILE", help="the hosts from an OpenMPI hostfile")
     parser.add_argument("--node-rank", type=int, default=None, metavar="N", help="torchrun: static rendezvous")
     parser.add_argument("--mpirun-hostfile", default="hostfile", metavar="PATH", help="mpirun: the hostfile's path")
     parser.add_argument("--output", type=Path, metavar="PATH", help="write here atomically instead of stdout")
     parser.add_argument("--output-dir", type=Path, metavar="DIR", help="folder of the formats that write files")
+    add_spec_arguments(parser)
+
+
+def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
+    """The cluster spec's flags: a spec file or JSON, named hosts, and one flag per field."""
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--spec", type=Path, metavar="FILE", help="a spec file (TOML); flags override it")
+    source.add_argument("--spec-json", metavar="JSON", help="the spec as JSON (what --format json prints)")
+    parser.add_argument("--hostfile", type=Path, metavar="FILE", help="the hosts from an OpenMPI hostfile")
     for cls in spec.SECTIONS.values():
         flags.add_arguments(parser, cls, overrides_only=True)
 

@@ -37,7 +37,7 @@ def test_torchrun_static_and_c10d_rendezvous() -> None:
     assert render.torchrun_args(TWO_BY_TWO, HOSTS, node_rank=1) == [
         "--nnodes=2",
         "--nproc-per-node=2",
-        "--max-restarts=0",
+        "--max-restarts=3",
         "--node-rank=1",
         "--master-addr=node0",
         "--master-port=29400",

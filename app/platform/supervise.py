@@ -1,0 +1,383 @@
+"""``python -m app cluster``: run one job on the compose mini-cluster and keep it alive until it ends.
+
+    python -m app cluster up                                   # make cluster-up: the spec's default job
+    python -m app cluster up --nodes 3 --nproc-per-node 1 --command check
+    python -m app cluster up --max-restarts 0 --command 'train --epochs 3 --out /results/x'
+    python -m app cluster up --launcher mpirun --command check   # make cluster-mpi
+    python -m app cluster logs                                 # make cluster-logs
+    python -m app cluster down                                 # make cluster-down
+
+Runs on the host, with the stdlib only (no torch, no venv). The spec flags are ``python -m app
+topology``'s; they are checked, then rendered into build/cluster/<name>.env for compose.yaml.
+``up`` streams rank 0's node (the head; the launcher under mpirun) and exits with its status,
+whatever happens to the other nodes: a worker container that stops is started again (Docker's
+restart policy brings back one that crashed; one stopped by hand is started here) up to
+--max-restarts times, and torchrun's agents restart every worker in a new rendezvous round, the
+job resuming from its last checkpoint. Each failure is one line naming the node, the rank and
+the exit status or signal; tracebacks, C++ frames and torchrun's banners go to
+build/cluster/<name>.log (``--verbose`` prints them too). The head lost ends the job: the other
+containers are stopped within 10 s and one line names the head. Results are copied to --results.
+"""
+
+import argparse
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.atomic import atomic_write_text
+from app.errors import ClusterError, UsageError
+from app.platform import compose, topology
+from app.platform.spec import ClusterSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+"""The checkout that holds compose.yaml (the cluster command runs from the repository)."""
+STOP_GRACE_S = 10
+"""Seconds a container has to stop before it is killed."""
+
+_GLOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\]")
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:")
+_BANNER = re.compile(
+    r"^(=+|-+|Failures:|Root Cause \(first observed failure\):|\[\d+\]:|\s+<NO_OTHER_FAILURES>"
+    r"|\s+(time|host|rank|exitcode|error_file|traceback)\s*:.*|.+ FAILED)$"
+)
+_WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+_RESTARTING = re.compile(r"Worker group FAILED\. (\d+)/(\d+) attempts left")
+
+
+def describe_status(code: int) -> str:
+    """``exit 1``, or ``signal 9 (SIGKILL)`` for a negative status or a shell's 128 + N."""
+    number = -code if code < 0 else code - 128 if code > 128 else 0
+    if number:
+        try:
+            return f"signal {number} ({signal.Signals(number).name})"
+        except ValueError:
+            return f"signal {number}"
+    return f"exit {code}"
+
+
+@dataclass
+class Filter:
+    """Sorts the lines of a node's output: the app's own lines for the user, the rest for the log.
+
+    A Python traceback, torch's per-rank ``[rankN]:`` copies of it, torchrun's glog lines and its
+    ChildFailedError banner are internals; the app prints its own failures as one ``error:`` line.
+    """
+
+    in_traceback: bool = False
+    last_exception: str = ""
+    """The exception that the last traceback ended with (the root cause when nothing else said it)."""
+    said_error: bool = False
+    """The app printed its own one-line ``error:``."""
+
+    def is_internal(self, line: str) -> bool:
+        """True for a line that belongs in the log only."""
+        if line.startswith("error: "):
+            self.said_error = True
+        if line.startswith("Traceback (most recent call last):"):
+            self.in_traceback = True
+            return True
+        if self.in_traceback:
+            if not line.startswith((" ", "\t")) and line.strip():
+                self.in_traceback = False  # the exception's own line ends the traceback
+                self.last_exception = line.strip()
+            return True
+        return bool(_GLOG.match(line) or _RANK_PREFIX.match(line) or _BANNER.match(line))
+
+
+def root_cause(exception: str, spec: ClusterSpec) -> str:
+    """An exception line of torchrun's, in the user's terms."""
+    if "RendezvousTimeoutError" in exception:
+        return (
+            f"the rendezvous timed out: not all {spec.nodes.nodes} nodes joined within --join-timeout "
+            f"{spec.rendezvous.join_timeout}s (a node that did not start, or cannot reach the head)"
+        )
+    if "RendezvousClosedError" in exception:
+        return "the rendezvous was closed: another node ended the job"
+    return exception
+
+
+def failure_note(node: str, line: str) -> str | None:
+    """One line for the user about a failure that ``line`` of ``node``'s output reports, if any."""
+    if match := _WORKER_FAILED.search(line):
+        code, local_rank, pid = int(match[1]), match[2], match[3]
+        return f"{node}: local rank {local_rank} (pid {pid}) ended with {describe_status(code)}"
+    if match := _RESTARTING.search(line):
+        left, total = int(match[1]), int(match[2])
+        return f"{node}: torchrun restarts its workers in a new rendezvous round ({left} of {total} restarts left)"
+    return None
+
+
+@dataclass
+class Run:
+    """One compose project running one job."""
+
+    spec: ClusterSpec
+    env_file: Path
+    log_file: Path
+    verbose: bool = False
+    restarts: int = 0
+    notes: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def main_service(self) -> str:
+        """The service that holds rank 0 and whose exit ends the job."""
+        return "launcher" if self.spec.job.launcher == "mpirun" else compose.HEAD
+
+    @property
+    def main_container(self) -> str:
+        return f"{self.spec.job.name}-{self.main_service}-1"
+
+    def compose(self, *args: str, every_profile: bool = False) -> list[str]:
+        """``docker compose`` for this project; the mpi profile's services when the job runs mpirun."""
+        files = ["-f", str(ROOT / "compose.yaml")]
+        if self.spec.nodes.gpus_per_node:
+            files += ["-f", str(ROOT / "compose.gpu.yaml")]
+        project = ["-p", self.spec.job.name, "--project-directory", str(ROOT), "--env-file", str(self.env_file)]
+        profile = ["--profile", "mpi"] if every_profile or self.spec.job.launcher == "mpirun" else []
+        return ["docker", "compose", *project, *files, *profile, "--progress", "quiet", *args]
+
+    def say(self, text: str, stream=sys.stdout) -> None:
+        """A line for the user (and the log)."""
+        with self.lock:
+            print(text, file=stream, flush=True)
+            self.notes.append(text)
+
+    def log(self, text: str) -> None:
+        with self.lock, open(self.log_file, "a", encoding="utf-8") as handle:
+            handle.write(text + "\n")
+
+
+def _docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=False)
+    except FileNotFoundError:
+        raise UsageError("docker is not installed: run `make engine`") from None
+
+
+def _follow_main(run: Run, filt: Filter) -> None:
+    """Print the main node's app lines until it ends; internals go to the log, failures become one line."""
+    proc = subprocess.Popen(
+        ["docker", "logs", "--follow", run.main_container], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert proc.stdout is not None
+    for raw in proc.stdout:
+        line = raw.rstrip("\n")
+        run.log(f"{run.main_service}: {line}")
+        if filt.is_internal(line):
+            note = failure_note(run.main_service, line)
+            if note:
+                run.say(f"cluster: {note}")
+            if run.verbose:
+                print(line, flush=True)
+        else:
+            print(line, flush=True)
+
+
+def _follow_others(run: Run, stop: threading.Event) -> None:
+    """The other nodes' failures as one line each (their full output stays in the log).
+
+    ``compose logs --follow`` ends when the containers it follows stop; it is started again
+    (from the last line seen) as long as the job runs, so a restarted node is followed too.
+    """
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+    while not stop.is_set():
+        args = run.compose("logs", "--follow", "--no-color", "--timestamps", "--since", since, *_other_services(run))
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                service, _, rest = raw.rstrip("\n").partition(" | ")
+                stamp, _, line = rest.partition(" ")
+                since = stamp or since
+                node = service.strip()
+                run.log(f"{node}: {line}")
+                note = failure_note(node, line)
+                if note or line.startswith("error: "):
+                    run.say(f"cluster: {note or node + ': ' + line}")
+        finally:
+            proc.kill()
+            proc.wait()
+        stop.wait(1)
+
+
+def _other_services(run: Run) -> list[str]:
+    return ["mpi-worker"] if run.spec.job.launcher == "mpirun" else ["worker"]
+
+
+def _watch_nodes(run: Run, stop: threading.Event) -> None:
+    """Start again a worker container that stopped while the job runs, up to --max-restarts times."""
+    label = f"label=com.docker.compose.project={run.spec.job.name}"
+    args = ["docker", "events", "--filter", label, "--filter", "event=die", "--format", "{{json .}}"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            if stop.is_set():
+                break
+            event = json.loads(raw)
+            attributes = event["Actor"]["Attributes"]
+            service, name = attributes.get("com.docker.compose.service"), attributes.get("name", "?")
+            if service not in _other_services(run):
+                continue
+            _restart_node(run, name, int(attributes.get("exitCode", "0")), stop)
+    finally:
+        proc.kill()
+
+
+def _running(name: str) -> bool:
+    return _docker("inspect", "--format", "{{.State.Running}}", name).stdout.strip() == "true"
+
+
+def _restart_node(run: Run, name: str, code: int, stop: threading.Event) -> None:
+    if stop.is_set() or not _running(run.main_container):
+        return  # the job is over: compose stops the other nodes
+    limit = run.spec.rendezvous.max_restarts
+    if run.restarts >= limit:
+        run.say(f"cluster: {name} stopped with {describe_status(code)}; no restarts left (--max-restarts {limit})")
+        return
+    run.restarts += 1
+    run.say(
+        f"cluster: {name} stopped with {describe_status(code)}: starting it again "
+        f"(restart {run.restarts} of {limit}); the job resumes from its last checkpoint"
+    )
+    time.sleep(2)  # Docker's restart policy brings back a crashed container by itself
+    state = _docker("inspect", "--format", "{{.State.Running}} {{.State.Restarting}}", name).stdout.split()
+    if not stop.is_set() and "true" not in state:
+        _docker("start", name)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``python -m app cluster``: the action, where results go, then the spec's flags."""
+    parser.add_argument("action", choices=("up", "logs", "down"), help="run a job, show every node's output, remove")
+    parser.add_argument("--results", type=Path, default=Path("build/results"), metavar="DIR", help="results go here")
+    parser.add_argument("--state-dir", type=Path, default=Path("build/cluster"), metavar="DIR", help="env files, logs")
+    parser.add_argument("--verbose", action="store_true", help="also print tracebacks and torchrun's own lines")
+    topology.add_spec_arguments(parser)
+
+
+def _prepare(args: argparse.Namespace) -> Run:
+    spec = topology.spec_from_args(args)
+    if not (ROOT / "compose.yaml").is_file():
+        raise UsageError(f"{ROOT}/compose.yaml not found: run the cluster from a ddp-cluster checkout")
+    text = compose.env_file(spec, topology.DEFAULT_SCRIPT_DIR)
+    env_file = args.state_dir / f"{spec.job.name}.env"
+    atomic_write_text(env_file, text)
+    return Run(spec, env_file.resolve(), (args.state_dir / f"{spec.job.name}.log").resolve(), args.verbose)
+
+
+def _down(run: Run) -> int:
+    done = subprocess.run(
+        run.compose("down", "--volumes", "--remove-orphans", "--timeout", str(STOP_GRACE_S), every_profile=True),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    label = f"label=com.docker.compose.project={run.spec.job.name}"
+    left = [
+        *_docker("ps", "-aq", "--filter", label).stdout.split(),
+        *_docker("network", "ls", "-q", "--filter", label).stdout.split(),
+        *_docker("volume", "ls", "-q", "--filter", label).stdout.split(),
+    ]
+    if done.returncode != 0 or left:
+        detail = (done.stderr.strip().splitlines() or [""])[-1]
+        raise ClusterError(f"cluster-down left {' '.join(left) or 'an error'} behind for {run.spec.job.name}: {detail}")
+    return 0
+
+
+def _up(run: Run, results: Path) -> int:
+    spec = run.spec
+    if _docker("image", "inspect", spec.job.image).returncode != 0:
+        raise UsageError(f"image {spec.job.image} is missing: build it with `make images`")
+    shape = f"{spec.nodes.nodes} node(s) x {spec.nodes.nproc_per_node}"
+    run.say(f"cluster: {spec.job.name}: {spec.job.launcher}, {shape}: {compose.job_line(spec)}")
+    run.log_file.parent.mkdir(parents=True, exist_ok=True)
+    run.log_file.write_text("")
+    stop = threading.Event()
+    start = time.monotonic()
+    # Detached: compose starts the nodes (the workers once the head is healthy) and returns; the
+    # job's end is rank 0's node ending, whatever the other nodes do meanwhile.
+    services = [run.main_service] if spec.job.launcher == "mpirun" else []  # mpirun: the launcher and its workers
+    started = subprocess.run(run.compose("up", "--detach", *services), capture_output=True, text=True,
+                             timeout=spec.rendezvous.join_timeout + 300, check=False)  # fmt: skip
+    run.log(f"compose up: exit {started.returncode}: {started.stdout}{started.stderr}")
+    if _docker("inspect", run.main_container).returncode != 0:
+        detail = (started.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ClusterError(f"the cluster did not start: {detail}: see {run.log_file}")
+    threads = [threading.Thread(target=f, args=(run, stop), daemon=True) for f in (_watch_nodes, _follow_others)]
+    main_output = Filter()
+    threads.append(threading.Thread(target=_follow_main, args=(run, main_output), daemon=True))
+    for thread in threads:
+        thread.start()
+    status = _wait_main(run, spec.job.time_limit - (time.monotonic() - start))
+    stop.set()
+    threads[-1].join(timeout=10)
+    elapsed = time.monotonic() - start
+    if status == 124:
+        run.say(
+            f"error: the job ran past its time limit (--time-limit {spec.job.time_limit}s) and was stopped; "
+            "see make cluster-logs, then make cluster-down",
+            sys.stderr,
+        )
+    elif status != 0:
+        _report_main_exit(run, status, main_output)
+    subprocess.run(run.compose("stop", "--timeout", str(STOP_GRACE_S)), capture_output=True, timeout=180, check=False)
+    _collect(run, results, elapsed)
+    run.say(f"cluster: job exit status {status} after {elapsed:.0f}s; logs: {run.log_file} and make cluster-logs; "
+            "remove: make cluster-down")  # fmt: skip
+    return status
+
+
+def _wait_main(run: Run, seconds: float) -> int:
+    """The exit status of rank 0's node, or 124 when it runs past ``seconds`` (then it is stopped)."""
+    try:
+        done = _docker("wait", run.main_container, timeout=max(seconds, 1))
+        return int(done.stdout.strip() or 1)
+    except subprocess.TimeoutExpired:
+        _docker("stop", "--time", str(STOP_GRACE_S), run.main_container)
+        return 124
+
+
+def _report_main_exit(run: Run, status: int, output: Filter) -> None:
+    """One line when rank 0's node ended badly: the head lost, or what failed when the app did not say."""
+    if status < 128 and not output.said_error and output.last_exception:
+        run.say(f"error: {run.main_container}: {root_cause(output.last_exception, run.spec)}", sys.stderr)
+    if status >= 128:
+        run.say(
+            f"error: the head node ({run.spec.job.name}-{run.main_service}-1: rank 0's node and the rendezvous host) "
+            f"ended with {describe_status(status)}: the job cannot go on without it; the others were stopped",
+            sys.stderr,
+        )
+
+
+def _collect(run: Run, results: Path, elapsed: float) -> None:
+    """Copy rank 0's /results home and print the newest summary written during this job."""
+    results.mkdir(parents=True, exist_ok=True)
+    copied = subprocess.run(run.compose("cp", f"{run.main_service}:/results/.", f"{results}/"), capture_output=True,
+                            text=True, timeout=300, check=False)  # fmt: skip
+    if copied.returncode != 0:
+        return
+    fresh = [p for p in results.rglob("summary.json") if p.stat().st_mtime >= time.time() - elapsed - 5]
+    if fresh:
+        newest = max(fresh, key=lambda p: p.stat().st_mtime)
+        run.say(f"cluster: summary ({newest}):\n{newest.read_text().rstrip()}")
+    run.say(f"cluster: results in {results} (the volume {run.spec.job.name}_results keeps them until cluster-down)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the action; exit with the job's status (up), 0 (logs, down), 2 for bad input."""
+    job = _prepare(args)
+    if args.action == "down":
+        return _down(job)
+    if args.action == "logs":
+        return subprocess.run(
+            job.compose("logs", "--no-color", "--timestamps", every_profile=True), check=False
+        ).returncode
+    return _up(job, args.results)
