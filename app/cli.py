@@ -72,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     parser, module = build_parser(name)
     args = parser.parse_args(rest)
+    args.argv = rest  # the command's arguments as given (app bench passes them on to the ranks it starts)
     try:
         return int(module.run(args))
     except UsageError as error:

@@ -16,7 +16,8 @@ Types: bool fields become ``--x/--no-x``; ``int``, ``float``, ``str`` and ``Path
 reads in the field's metadata: ``field(default=(1, 28, 28), metadata=flag(parse=parse_shape,
 show="1x28x28", metavar="CxHxW"))``. ``flag(hidden=True)`` keeps a field out of ``--help``.
 Values are checked by the dataclass itself (``__post_init__``), so a bad one gets the same
-one-line message from the command line and from code.
+one-line message from the command line and from code; a ``parse`` function may raise ``UsageError``
+too, which argparse then reports as its own one-line error about that flag.
 """
 
 import argparse
@@ -31,6 +32,8 @@ from dataclasses import MISSING, Field, fields
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from app.errors import UsageError
 
 FLAG = "flag"
 """The key of a field's metadata that holds its flag settings."""
@@ -99,6 +102,19 @@ def shown(f: Field) -> str:
     return "none" if default is None else f"{default:g}" if isinstance(default, float) else str(default)
 
 
+def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` as argparse wants it: its ``UsageError`` becomes argparse's own error (one line, exit 2)."""
+
+    def checked(text: str) -> Any:
+        try:
+            return parse(text)
+        except UsageError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    checked.__name__ = getattr(parse, "__name__", "value")
+    return checked
+
+
 def add_arguments(
     parser: argparse.ArgumentParser,
     cls: type,
@@ -129,7 +145,9 @@ def add_arguments(
                 option(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=initial, help=text
             )
             continue
-        parse = settings.get("parse") or (kind if kind in (int, float, str, Path) else str)
+        parse = (
+            _checked(settings["parse"]) if settings.get("parse") else kind if kind in (int, float, str, Path) else str
+        )
         group.add_argument(
             option(f.name), dest=f.name, type=parse, default=initial, metavar=_metavar(f, kind), help=text
         )

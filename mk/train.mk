@@ -2,6 +2,8 @@
 
 EPOCHS ?= 20
 OUT ?= runs/digits
+RUN ?= $(OUT)
+TB_PORT ?= 6006
 TRAIN_ARGS ?=
 BENCH_ARGS ?=
 TV_VENV ?= .venv-tv
@@ -16,6 +18,10 @@ train: venv ## Train the seed MLP on digits on NPROC local ranks into OUT (resum
 	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m app train \
 	  --dataset digits --model mlp --epochs $(EPOCHS) --out $(OUT) --resume auto $(TRAIN_ARGS)
 
+.PHONY: tensorboard
+tensorboard: venv ## Serve the TensorBoard scalars of RUN (a run's OUT, or a folder of runs) on 127.0.0.1:TB_PORT only.
+	$(VENV)/bin/tensorboard --logdir $(RUN) --host 127.0.0.1 --port $(TB_PORT)
+
 .PHONY: bench
 bench: venv ## Samples/s of app train vs a plain tutorial DDP loop on NPROC ranks, and their ratio.
 	$(PY) -m app bench --nproc-per-node $(NPROC) $(BENCH_ARGS)
@@ -23,7 +29,7 @@ bench: venv ## Samples/s of app train vs a plain tutorial DDP loop on NPROC rank
 $(TV_VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(TV_VENV)
 	$(TV_VENV)/bin/python -m pip install --quiet $(TV_SPEC)
-	$(TV_VENV)/bin/python -m pip install --quiet numpy scikit-learn pytest pytest-timeout
+	$(TV_VENV)/bin/python -m pip install --quiet numpy scikit-learn tqdm pytest pytest-timeout
 	touch $@
 
 .PHONY: venv-tv

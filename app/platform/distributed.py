@@ -92,6 +92,11 @@ def add_dist_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def this_process(cfg: DistConfig) -> ProcessInfo:
+    """This process as its launcher describes it; MASTER_ADDR is required unless ``cfg`` names a rendezvous."""
+    return launcher.detect(need_master=cfg.init_method is None)
+
+
 def dist_config_from_args(args: argparse.Namespace) -> DistConfig:
     """The DistConfig that add_dist_arguments' flags describe."""
     return DistConfig(backend=args.backend, timeout_s=args.timeout, ifname=args.ifname, init_method=args.init_method)

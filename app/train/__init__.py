@@ -12,7 +12,9 @@ mnist and cifar10 (torchvision, files in --data-dir; --download fetches them), s
 --input-shape). Models: mlp (the seed's Linear 784-256-10), cnn (BatchNorm), resnet18 (torchvision).
 
 Rank 0 writes OUT/checkpoints/step-N.pt (atomically; every epoch, every --checkpoint-every steps
-and at the end), OUT/metrics.jsonl (one record per epoch and event) and OUT/summary.json. With
+and at the end), OUT/metrics.jsonl (one record per epoch and event), OUT/summary.json and, when
+the tensorboard package is installed, TensorBoard scalars in OUT/tensorboard/ (``tensorboard
+--logdir OUT --host 127.0.0.1``; ``make tensorboard RUN=OUT``). With
 --resume auto a restarted job (torchrun --max-restarts) continues from the latest checkpoint;
 without it, a folder that already holds checkpoints is refused rather than overwritten. The exit
 status is 0 when training finished with identical parameters on every rank, 2 for bad input.

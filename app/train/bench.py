@@ -7,10 +7,13 @@
 
 The tutorial loop is the seed's: the MLP (784-256-10), Adam, batch 64 per rank, a DataLoader over
 a TensorDataset with DistributedSampler, DDP with its defaults, ``loss.item()`` every step. The
-``app train`` side runs the real Trainer with its default settings (or the DDP flags given here)
-on the same synthetic samples. Each round times one epoch of every loop back to back, so that a
+``app train`` side runs the real Trainer, epoch by epoch through ``Trainer.train_epoch`` as ``fit``
+does, with app train's DDP and speed settings (its defaults, or the same flags given here) on the
+same synthetic samples. Each round times one epoch of every loop back to back, so that a
 busy machine slows them alike; the ratio is the median over rounds of app / tutorial in the same
 round, the samples/s the median over rounds. Rank 0 prints samples/s of both and the ratio.
+Started as one process, it runs itself again under torchrun with exactly the arguments it was
+given, so every flag (the speed settings, ``--ifname``, ``--timeout``...) reaches the ranks.
 """
 
 import argparse
@@ -19,7 +22,8 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -28,13 +32,18 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
+from app import flags
 from app.atomic import atomic_write_text
 from app.errors import ClusterError, UsageError
-from app.platform import launcher
-from app.platform.distributed import DistContext, add_dist_arguments, dist_config_from_args, process_group
+from app.platform.distributed import (
+    DistContext,
+    add_dist_arguments,
+    dist_config_from_args,
+    process_group,
+    this_process,
+)
 from app.train import collective, data, models
-from app.train.config import DataConfig, DDPConfig, OptimConfig, RunConfig, TrainConfig
-from app.train.main import add_speed_arguments
+from app.train.config import DataConfig, ModelConfig, OutputConfig, SpeedConfig, StepsConfig, TrainConfig
 from app.train.report import Reporter
 from app.train.trainer import Trainer
 
@@ -42,84 +51,70 @@ BATCH = 64
 SHAPE = (1, 28, 28)
 
 
+@dataclass(frozen=True)
+class BenchConfig:
+    """Benchmark."""
+
+    nproc_per_node: int = 2
+    """Ranks to start with torchrun --standalone when run as one process."""
+    samples: int = 8192
+    """Synthetic training samples."""
+    rounds: int = 11
+    """Timed epochs of each loop, alternating."""
+    json: Path | None = None
+    """Also write the figures as JSON to this file."""
+    sweep: bool = False
+    """Also time app train with each speed setting changed on its own."""
+    launch_timeout: float = field(default=600.0, metadata=flags.flag(metavar="S"))
+    """Seconds before the ranks it started are stopped."""
+
+    def __post_init__(self) -> None:
+        for name, value, least in (
+            ("--nproc-per-node", self.nproc_per_node, 1),
+            ("--samples", self.samples, BATCH),
+            ("--rounds", self.rounds, 1),
+        ):
+            if value < least:
+                raise UsageError(f"{name} {value} must be >= {least}")
+        if self.launch_timeout <= 0:
+            raise UsageError(f"--launch-timeout {self.launch_timeout:g} must be > 0 seconds")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``python -m app bench``."""
-    parser.add_argument(
-        "--nproc-per-node",
-        metavar="N",
-        type=int,
-        default=2,
-        help="ranks to start with torchrun --standalone when run as one process (default 2)",
-    )
-    parser.add_argument(
-        "--samples", metavar="N", type=int, default=8192, help="synthetic training samples (default 8192)"
-    )
-    parser.add_argument(
-        "--rounds", metavar="N", type=int, default=11, help="timed epochs of each loop, alternating (default 11)"
-    )
-    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
-    parser.add_argument("--sweep", action="store_true", help="also time app train with each speed knob changed")
-    add_speed_arguments(parser.add_argument_group("app train side (default: its defaults)"))
-    parser.add_argument(
-        "--launch-timeout",
-        metavar="S",
-        type=float,
-        default=600,
-        help="seconds before the started ranks are stopped (default 600)",
-    )
+    """Flags of ``python -m app bench``: its own, app train's DDP and speed settings, the process group's."""
+    flags.add_arguments(parser, BenchConfig)
+    flags.add_arguments(parser, SpeedConfig)
     add_dist_arguments(parser)
 
 
-def _child_argv(args: argparse.Namespace) -> list[str]:
-    """These flags again, for the ranks that _relaunch starts."""
-    values = {
-        "--samples": args.samples,
-        "--rounds": args.rounds,
-        "--loader": args.loader,
-        "--optimizer-impl": args.optimizer_impl,
-        "--bucket-cap-mb": args.bucket_cap_mb,
-        "--timeout": args.timeout,
-        "--backend": args.backend,
-    }
-    argv = [str(item) for pair in values.items() for item in pair]
-    argv.append("--gradient-as-bucket-view" if args.gradient_as_bucket_view else "--no-gradient-as-bucket-view")
-    argv.append("--static-graph" if args.static_graph else "--no-static-graph")
-    return argv + (["--json", args.json] if args.json else []) + (["--sweep"] if args.sweep else [])
-
-
-def _relaunch(args: argparse.Namespace) -> int:
-    """Run this benchmark again under torchrun --standalone with --nproc-per-node ranks."""
+def _relaunch(bench: BenchConfig, argv: Sequence[str]) -> int:
+    """Run this benchmark again, with the same arguments, under torchrun --standalone on --nproc-per-node ranks."""
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
         "--nproc-per-node",
-        str(args.nproc_per_node),
+        str(bench.nproc_per_node),
         "-m",
         "app",
         "bench",
-        *_child_argv(args),
+        *argv,
     ]
     try:
-        return subprocess.run(cmd, timeout=args.launch_timeout, check=False).returncode
+        return subprocess.run(cmd, timeout=bench.launch_timeout, check=False).returncode
     except subprocess.TimeoutExpired:
-        raise ClusterError(f"bench did not finish within --launch-timeout {args.launch_timeout:g}s") from None
+        raise ClusterError(f"bench did not finish within --launch-timeout {bench.launch_timeout:g}s") from None
 
 
-def _config(args: argparse.Namespace) -> TrainConfig:
-    """app train's configuration: its defaults, or the knobs given on the command line."""
+def train_config(bench: BenchConfig, speed: SpeedConfig) -> TrainConfig:
+    """app train's configuration on the benchmark's data: the seed's MLP and batch, ``speed`` as given."""
     return TrainConfig(
-        data=DataConfig(
-            dataset="synthetic", input_shape=SHAPE, train_samples=args.samples, test_samples=BATCH, loader=args.loader
-        ),
-        optim=OptimConfig(model="mlp", batch_size=BATCH, optimizer_impl=args.optimizer_impl),
-        ddp=DDPConfig(
-            bucket_cap_mb=args.bucket_cap_mb,
-            gradient_as_bucket_view=args.gradient_as_bucket_view,
-            static_graph=args.static_graph,
-        ),
-        run=RunConfig(out=Path("."), quiet=True),
+        data=DataConfig(dataset="synthetic", input_shape=SHAPE, train_samples=bench.samples, test_samples=BATCH),
+        model=ModelConfig(model="mlp"),
+        steps=StepsConfig(batch_size=BATCH),
+        speed=speed,
+        output=OutputConfig(out=Path("."), tensorboard=False, quiet=True),
     )
 
 
@@ -127,16 +122,15 @@ def variants(cfg: TrainConfig, sweep: bool) -> dict[str, TrainConfig]:
     """The app configurations to time: ``cfg`` alone, or with --sweep each knob changed on its own."""
     if not sweep:
         return {"app": cfg}
-    d, o, k = cfg.data, cfg.optim, cfg.ddp
-    return {
-        "app": cfg,
-        "static_graph off": replace(cfg, ddp=replace(k, static_graph=False)),
-        "gradient_as_bucket_view off": replace(cfg, ddp=replace(k, gradient_as_bucket_view=False)),
-        "bucket_cap_mb 0.25 (2 buckets)": replace(cfg, ddp=replace(k, bucket_cap_mb=0.25)),
-        "optimizer foreach": replace(cfg, optim=replace(o, optimizer_impl="foreach")),
-        "optimizer loop": replace(cfg, optim=replace(o, optimizer_impl="loop")),
-        "loader dataloader": replace(cfg, data=replace(d, loader="dataloader")),
+    changes = {
+        "static_graph off": {"static_graph": False},
+        "gradient_as_bucket_view off": {"gradient_as_bucket_view": False},
+        "bucket_cap_mb 0.25 (2 buckets)": {"bucket_cap_mb": 0.25},
+        "optimizer foreach": {"optimizer_impl": "foreach"},
+        "optimizer loop": {"optimizer_impl": "loop"},
+        "loader dataloader": {"loader": "dataloader"},
     }
+    return {"app": cfg} | {name: replace(cfg, speed=replace(cfg.speed, **change)) for name, change in changes.items()}
 
 
 class TutorialLoop:
@@ -153,6 +147,7 @@ class TutorialLoop:
         self.loader = DataLoader(dataset, batch_size=BATCH, sampler=self.sampler)
 
     def timed_epoch(self, epoch: int) -> tuple[int, float]:
+        """Train one epoch: (samples, seconds)."""
         self.sampler.set_epoch(epoch)
         self.model.train()
         samples, total_loss = 0, 0.0
@@ -168,9 +163,19 @@ class TutorialLoop:
         return samples, time.perf_counter() - start
 
 
-def _rate(runner, epoch: int, ctx: DistContext) -> float:
+def _trainer_epoch(trainer: Trainer) -> Callable[[int], tuple[int, float]]:
+    """An app train epoch as the benchmark times it: the Trainer's next epoch, as ``fit`` runs it."""
+
+    def timed_epoch(_epoch: int) -> tuple[int, float]:
+        stats = trainer.train_epoch()
+        return stats.samples, stats.seconds
+
+    return timed_epoch
+
+
+def _rate(timed_epoch: Callable[[int], tuple[int, float]], epoch: int, ctx: DistContext) -> float:
     """Global samples/s of one epoch (samples summed over ranks, time of the slowest rank)."""
-    samples, seconds = runner.timed_epoch(epoch)
+    samples, seconds = timed_epoch(epoch)
     (total,) = collective.all_sum([samples], ctx.device)
     slowest = torch.tensor([seconds], dtype=torch.float64, device=ctx.device)
     if torch.distributed.is_initialized():
@@ -182,8 +187,11 @@ def measure(ctx: DistContext, configs: dict[str, TrainConfig], rounds: int) -> d
     """Warm every loop up, then time one epoch of each in turn, ``rounds`` times; medians."""
     first = next(iter(configs.values()))
     dataset = data.synthetic(first.data)
-    runners: dict = {"tutorial": TutorialLoop(ctx, dataset.train)}
-    runners |= {name: Trainer(cfg, ctx, dataset, Reporter(cfg.run.out, enabled=False)) for name, cfg in configs.items()}
+    runners = {"tutorial": TutorialLoop(ctx, dataset.train).timed_epoch}
+    runners |= {
+        name: _trainer_epoch(Trainer(cfg, ctx, dataset, Reporter(cfg.output.out, enabled=False)))
+        for name, cfg in configs.items()
+    }
     rates: dict[str, list[float]] = {name: [] for name in runners}
     for epoch in range(rounds + 1):
         for name, runner in runners.items():
@@ -215,7 +223,7 @@ def measure(ctx: DistContext, configs: dict[str, TrainConfig], rounds: int) -> d
 
 
 def _settings(cfg: TrainConfig) -> dict:
-    return {"loader": cfg.data.loader, "optimizer_impl": cfg.optim.optimizer_impl, **vars(cfg.ddp)}
+    return vars(cfg.speed)
 
 
 def format_report(r: dict) -> str:
@@ -243,16 +251,15 @@ def format_report(r: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Relaunch under torchrun when alone, else measure on these ranks; rank 0 reports."""
-    if args.rounds < 1 or args.samples < BATCH or args.nproc_per_node < 1:
-        raise UsageError("--rounds must be >= 1, --samples >= 64 and --nproc-per-node >= 1")
-    cfg = _config(args)
-    proc = launcher.detect(need_master=args.init_method is None)
-    if proc.world_size == 1 and args.nproc_per_node > 1:
-        return _relaunch(args)
-    with process_group(proc, dist_config_from_args(args)) as ctx:
-        report = measure(ctx, variants(cfg, args.sweep), args.rounds)
+    bench, dist_cfg = flags.from_args(BenchConfig, args), dist_config_from_args(args)
+    cfg = train_config(bench, flags.from_args(SpeedConfig, args))
+    proc = this_process(dist_cfg)
+    if proc.world_size == 1 and bench.nproc_per_node > 1:
+        return _relaunch(bench, args.argv)
+    with process_group(proc, dist_cfg) as ctx:
+        report = measure(ctx, variants(cfg, bench.sweep), bench.rounds)
     if proc.is_main:
         print(format_report(report), flush=True)
-        if args.json:
-            atomic_write_text(args.json, json.dumps(report, indent=2) + "\n")
+        if bench.json:
+            atomic_write_text(bench.json, json.dumps(report, indent=2) + "\n")
     return 0

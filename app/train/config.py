@@ -1,13 +1,17 @@
-"""Typed configuration of one training run; every field validated on construction.
+"""Typed configuration of one training run: six sections, every field validated on construction.
 
-Precedence: command-line flags > these defaults. Each section is a frozen dataclass; a bad value
-raises ``UsageError`` naming the flag and the fix.
+Each field is written once, here: its name is its flag (``batch_size`` -> ``--batch-size``), its
+default the flag's default and the docstring under it the flag's ``--help`` (``app.flags``); each
+section is one group of ``python -m app train --help``. Precedence: command-line flags > these
+defaults. A bad value raises ``UsageError`` naming the flag and the fix, from the command line and
+from code alike.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from app.errors import UsageError
+from app.flags import flag
 
 DATASETS = ("digits", "mnist", "cifar10", "synthetic")
 MODELS = ("mlp", "cnn", "resnet18")
@@ -21,7 +25,7 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     """``1x28x28`` -> (1, 28, 28): channels x height x width."""
     parts = text.lower().split("x")
     if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise UsageError(f"--input-shape {text!r} must be CxHxW with positive integers, e.g. 1x28x28")
+        raise UsageError(f"{text!r} must be CxHxW with positive integers, e.g. 1x28x28")
     return int(parts[0]), int(parts[1]), int(parts[2])
 
 
@@ -35,6 +39,11 @@ def _non_negative(flag: str, value: float) -> None:
         raise UsageError(f"{flag} {value} must be >= 0 (0 turns it off)")
 
 
+def _at_least_one(flag: str, value: int) -> None:
+    if value < 1:
+        raise UsageError(f"{flag} {value} must be >= 1")
+
+
 def _one_of(flag: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise UsageError(f"{flag} {value!r} is not one of {', '.join(choices)}")
@@ -42,61 +51,81 @@ def _one_of(flag: str, value: str, choices: tuple[str, ...]) -> None:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Which samples, and how they reach the model."""
+    """Data: which samples."""
 
-    dataset: str = "digits"
-    """digits (scikit-learn, offline), mnist or cifar10 (torchvision, from data_dir) or synthetic."""
-    data_dir: Path | None = None
-    """Folder holding MNIST/ or cifar-10-batches-py/ (torchvision's layout); needed by mnist, cifar10."""
+    dataset: str = field(default="digits", metadata=flag(metavar="NAME"))
+    """digits (scikit-learn's 8x8 digits, offline), mnist or cifar10 (torchvision, from --data-dir) or synthetic."""
+    data_dir: Path | None = field(default=None, metadata=flag(metavar="DIR"))
+    """Folder holding MNIST/ or cifar-10-batches-py/ (torchvision's layout); needed by mnist and cifar10."""
     download: bool = False
-    """Download mnist/cifar10 into data_dir when missing (needs network)."""
-    input_shape: tuple[int, int, int] = (1, 28, 28)
-    """Shape of one synthetic sample (CxHxW)."""
+    """Download mnist/cifar10 into --data-dir when missing (needs network)."""
+    input_shape: tuple[int, int, int] = field(
+        default=(1, 28, 28), metadata=flag(parse=parse_shape, show="1x28x28", metavar="CxHxW")
+    )
+    """Shape of one synthetic sample: channels x height x width."""
     num_classes: int = 10
     """Classes of the synthetic data."""
     train_samples: int = 8192
     """Synthetic training samples."""
     test_samples: int = 1024
     """Synthetic test samples."""
-    loader: str = "memory"
-    """memory: batches indexed from in-memory tensors (fast); dataloader: torch DataLoader per sample."""
     workers: int = 0
-    """DataLoader worker processes (loader=dataloader)."""
+    """DataLoader worker processes (with --loader dataloader)."""
 
     def __post_init__(self) -> None:
         _one_of("--dataset", self.dataset, DATASETS)
-        _one_of("--loader", self.loader, LOADERS)
         if self.dataset in ("mnist", "cifar10") and self.data_dir is None:
             raise UsageError(
                 f"--dataset {self.dataset} reads files: pass --data-dir DIR (add --download to fetch them)"
             )
         if self.data_dir is not None and not self.download and not Path(self.data_dir).is_dir():
             raise UsageError(f"--data-dir {self.data_dir} is not a directory: create it or add --download")
-        for flag, value in (
+        for name, value in (
             ("--num-classes", self.num_classes),
             ("--train-samples", self.train_samples),
             ("--test-samples", self.test_samples),
         ):
-            _positive(flag, value)
+            _positive(name, value)
         if self.num_classes < 2:
             raise UsageError(f"--num-classes {self.num_classes} must be >= 2")
         _non_negative("--workers", self.workers)
 
 
 @dataclass(frozen=True)
-class OptimConfig:
-    """Model, optimizer and the shape of one step."""
+class ModelConfig:
+    """Model and precision."""
 
-    model: str = "mlp"
+    model: str = field(default="mlp", metadata=flag(metavar="NAME"))
     """mlp (the seed's 784-256-10), cnn (small, with BatchNorm) or resnet18 (needs torchvision)."""
-    optimizer: str = "adam"
+    precision: str = field(default="fp32", metadata=flag(metavar="NAME"))
+    """fp32, bf16 (autocast; CPU or a GPU with bf16) or fp16 (autocast + GradScaler; CUDA only)."""
+
+    def __post_init__(self) -> None:
+        _one_of("--model", self.model, MODELS)
+        _one_of("--precision", self.precision, PRECISIONS)
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """Optimizer."""
+
+    optimizer: str = field(default="adam", metadata=flag(metavar="NAME"))
     """adam, adamw or sgd (momentum 0.9)."""
-    optimizer_impl: str = "fused"
-    """fused (one kernel for all parameters), foreach (multi-tensor) or loop (per parameter)."""
     lr: float = 1e-3
     """Learning rate."""
     weight_decay: float = 0.0
     """Weight decay."""
+
+    def __post_init__(self) -> None:
+        _one_of("--optimizer", self.optimizer, OPTIMIZERS)
+        _positive("--lr", self.lr)
+        _non_negative("--weight-decay", self.weight_decay)
+
+
+@dataclass(frozen=True)
+class StepsConfig:
+    """Steps: their size, their number and their order."""
+
     batch_size: int = 64
     """Samples per rank per micro-step; the global batch is batch_size * world size * accum_steps."""
     accum_steps: int = 1
@@ -105,85 +134,80 @@ class OptimConfig:
     """Passes over the training set."""
     max_steps: int = 0
     """Stop after this many optimizer steps in total (0: no limit)."""
-    precision: str = "fp32"
-    """fp32, bf16 (autocast; CPU or a GPU with bf16) or fp16 (autocast + GradScaler; CUDA only)."""
     seed: int = 0
     """Seed of the weights, the synthetic data and the sampler's shuffle."""
 
     def __post_init__(self) -> None:
-        _one_of("--model", self.model, MODELS)
-        _one_of("--optimizer", self.optimizer, OPTIMIZERS)
-        _one_of("--optimizer-impl", self.optimizer_impl, OPTIMIZER_IMPLS)
-        _one_of("--precision", self.precision, PRECISIONS)
-        _positive("--lr", self.lr)
-        _non_negative("--weight-decay", self.weight_decay)
-        for flag, value in (
-            ("--batch-size", self.batch_size),
-            ("--accum-steps", self.accum_steps),
-            ("--epochs", self.epochs),
-        ):
-            if value < 1:
-                raise UsageError(f"{flag} {value} must be >= 1")
+        _at_least_one("--batch-size", self.batch_size)
+        _at_least_one("--accum-steps", self.accum_steps)
+        _at_least_one("--epochs", self.epochs)
         _non_negative("--max-steps", self.max_steps)
 
 
 @dataclass(frozen=True)
-class DDPConfig:
-    """The DDP knobs that decide speed; defaults chosen by ``python -m app bench``."""
+class SpeedConfig:
+    """DDP and speed: how batches, gradients and steps move (defaults chosen with python -m app bench --sweep)."""
 
-    bucket_cap_mb: float = 25.0
+    loader: str = field(default="memory", metadata=flag(metavar="KIND"))
+    """memory: batches indexed from in-memory tensors (fast); dataloader: torch DataLoader (the same samples)."""
+    optimizer_impl: str = field(default="fused", metadata=flag(metavar="KIND"))
+    """fused (one kernel for all parameters), foreach (multi-tensor) or loop (per parameter)."""
+    bucket_cap_mb: float = field(default=25.0, metadata=flag(metavar="MB"))
     """Gradient bucket size in MiB (DDP's default 25)."""
     gradient_as_bucket_view: bool = True
     """Gradients alias the all-reduce buckets: one copy less per step."""
     static_graph: bool = True
-    """The graph is the same every step: DDP may reorder and skip its per-step checks."""
+    """The graph is the same every step: DDP may reorder and skip its per-step checks (off with --accum-steps > 1)."""
     sync_bn: bool = False
     """Convert BatchNorm layers to SyncBatchNorm (CUDA only)."""
 
     def __post_init__(self) -> None:
+        _one_of("--loader", self.loader, LOADERS)
+        _one_of("--optimizer-impl", self.optimizer_impl, OPTIMIZER_IMPLS)
         _positive("--bucket-cap-mb", self.bucket_cap_mb)
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """Where results go, checkpoints, and what is printed."""
+class OutputConfig:
+    """Output and checkpoints (written by global rank 0 only)."""
 
-    out: Path = Path("runs")
-    """Output folder: checkpoints/, metrics.jsonl, summary.json (written by global rank 0 only)."""
-    resume: str = "none"
-    """none (refuse to overwrite an earlier run's checkpoints), auto (latest in out/checkpoints) or a PATH."""
+    out: Path = field(default=Path("runs"), metadata=flag(metavar="DIR"))
+    """Output folder: checkpoints/, metrics.jsonl, summary.json, tensorboard/."""
+    resume: str = field(default="none", metadata=flag(metavar="none|auto|PATH"))
+    """none (refuse to overwrite earlier checkpoints), auto (the latest in OUT/checkpoints, if any) or a PATH."""
     checkpoint_every: int = 0
     """Also save every N optimizer steps (0: only at epoch ends and the end)."""
     checkpoint_every_epochs: int = 1
     """Save every N epochs (0: only the end)."""
     keep_checkpoints: int = 3
     """How many recent checkpoints to keep (older ones are deleted after a new one is safely written)."""
+    tensorboard: bool = True
+    """Write TensorBoard scalars to OUT/tensorboard/ (needs the tensorboard package; without it, off and said so)."""
+    tensorboard_every: int = 10
+    """Also write rank 0's training loss to TensorBoard every N optimizer steps (0: once per epoch only)."""
     quiet: bool = False
     """Print only errors and the final summary line."""
-    crash_at_step: int = 0
-    """Testing aid: after this optimizer step, on the first attempt only, exit abruptly (simulated failure)."""
-    crash_rank: int = 0
-    """Testing aid: which rank crashes at crash_at_step."""
 
     def __post_init__(self) -> None:
-        for flag, value in (
-            ("--checkpoint-every", self.checkpoint_every),
-            ("--checkpoint-every-epochs", self.checkpoint_every_epochs),
-            ("--crash-at-step", self.crash_at_step),
-            ("--crash-rank", self.crash_rank),
-        ):
-            _non_negative(flag, value)
-        if self.keep_checkpoints < 1:
-            raise UsageError(f"--keep-checkpoints {self.keep_checkpoints} must be >= 1")
+        _non_negative("--checkpoint-every", self.checkpoint_every)
+        _non_negative("--checkpoint-every-epochs", self.checkpoint_every_epochs)
+        _non_negative("--tensorboard-every", self.tensorboard_every)
+        _at_least_one("--keep-checkpoints", self.keep_checkpoints)
         if self.resume not in ("none", "auto") and not Path(self.resume).is_file():
             raise UsageError(f"--resume {self.resume}: no such checkpoint file (use auto, none or an existing file)")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """One training run."""
+    """One training run: one section per group of flags."""
 
     data: DataConfig = field(default_factory=DataConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    ddp: DDPConfig = field(default_factory=DDPConfig)
-    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimizerConfig = field(default_factory=OptimizerConfig)
+    steps: StepsConfig = field(default_factory=StepsConfig)
+    speed: SpeedConfig = field(default_factory=SpeedConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+
+SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(TrainConfig)}  # type: ignore[misc]
+"""TrainConfig's sections by field name, in the order of ``--help``."""

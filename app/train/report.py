@@ -1,32 +1,82 @@
-"""What rank 0 shows and keeps: a progress bar on a terminal, one line per epoch, metrics.jsonl, summary.json.
+"""What rank 0 shows and keeps: a progress bar on a terminal, one line per epoch, metrics.jsonl,
+summary.json and TensorBoard scalars (``scalars``).
 
-Every other rank gets a Reporter that does nothing, so the trainer never asks who prints.
+Every other rank gets a Reporter that does nothing, so the trainer never asks who prints. The bar
+is tqdm's, drawn only when stdout is a terminal: a log file or a pipe gets the lines alone, with
+no carriage returns or escape codes.
 """
 
 import json
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, Self, TextIO
+
+import torch
+from tqdm import tqdm
 
 from app.atomic import atomic_write_text
+from app.train import scalars
+from app.train.config import OutputConfig
 
-BAR_WIDTH = 24
+if TYPE_CHECKING:
+    from app.train.trainer import Trainer
+
+LOSS_INTERVAL_S = 0.5
+"""How often the bar reads the loss (reading it waits for the device)."""
+
+
+class EpochBar:
+    """tqdm's bar over the micro-batches of one epoch, with the loss; does nothing when ``stream`` is None."""
+
+    def __init__(self, stream: TextIO | None, label: str, done: int, total: int) -> None:
+        self._bar = tqdm(
+            total=total, initial=done, desc=label, unit="batch", file=stream, leave=False, disable=stream is None
+        )
+        self._loss_due = 0.0
+
+    def advance(self, loss: torch.Tensor) -> None:
+        """One more micro-batch done; ``loss`` is its (detached) loss."""
+        if self._bar.disable:
+            return
+        now = time.monotonic()
+        if now >= self._loss_due:
+            self._loss_due = now + LOSS_INTERVAL_S
+            self._bar.set_postfix_str(f"loss {loss.item():.4f}", refresh=False)
+        self._bar.update()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.close()  # leave=False: the bar's line is cleared for the epoch's summary line
 
 
 class Reporter:
-    """Output of global rank 0 (``enabled``); silent elsewhere."""
+    """Output of global rank 0 (``enabled``); silent elsewhere. Close it (or use ``with``) to flush TensorBoard."""
 
-    def __init__(self, out: Path, enabled: bool, quiet: bool = False, stream: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        out: Path,
+        enabled: bool,
+        quiet: bool = False,
+        stream: TextIO | None = None,
+        tensorboard: bool = False,
+        tensorboard_every: int = 0,
+    ) -> None:
         self.out, self.enabled, self.quiet = Path(out), enabled, quiet
         self.stream = stream or sys.stdout
         self.tty = enabled and not quiet and self.stream.isatty()
-        self._last_bar = 0.0
+        self.tensorboard, self.tensorboard_every = enabled and tensorboard, tensorboard_every
+        self.scalars: scalars.Scalars | None = None
+
+    @classmethod
+    def of(cls, cfg: OutputConfig, enabled: bool) -> "Reporter":
+        """The reporter that ``cfg`` asks for, on rank 0 (``enabled``) or any other rank."""
+        return cls(cfg.out, enabled, cfg.quiet, tensorboard=cfg.tensorboard, tensorboard_every=cfg.tensorboard_every)
 
     def _print(self, line: str) -> None:
         if self.enabled and not self.quiet:
-            if self.tty:
-                self.stream.write("\r\033[K")
             print(line, file=self.stream, flush=True)
 
     def _append(self, record: dict) -> None:
@@ -35,41 +85,57 @@ class Reporter:
             with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record) + "\n")
 
-    def line(self, text: str) -> None:
-        """A line for the user (not kept)."""
-        self._print(text)
-
     def event(self, kind: str, **fields) -> None:
         """A record in metrics.jsonl, such as a resume or a checkpoint."""
         self._append({"event": kind, "time": round(time.time(), 3), **fields})
 
-    def progress(self, epoch: int, epochs: int, done: int, total: int, loss: float | None) -> None:
-        """Redraw the progress bar (terminals only, at most 10 times a second)."""
-        now = time.monotonic()
-        if not self.tty or (now - self._last_bar < 0.1 and done < total):
-            return
-        self._last_bar = now
-        filled = BAR_WIDTH * done // max(total, 1)
-        loss_text = f" loss {loss:.4f}" if loss is not None else ""
-        self.stream.write(
-            f"\r\033[Kepoch {epoch + 1}/{epochs} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {done}/{total}{loss_text}"
-        )
-        self.stream.flush()
+    def start(self, fields: dict, banner: str, step: int) -> None:
+        """A run begins (or resumes at optimizer step ``step``): its record, its banner, its TensorBoard file."""
+        board = None
+        if self.tensorboard:
+            self.scalars = scalars.open_scalars(self.out, step)
+            board = str(self.scalars.folder) if self.scalars else scalars.NOT_INSTALLED
+        self.event("start", **fields, tensorboard=board)
+        self._print(banner)
+        if board:
+            self._print(f"tensorboard: {board}")
+
+    def bar(self, epoch: int, epochs: int, done: int, total: int) -> EpochBar:
+        """The progress bar of ``epoch`` from micro-batch ``done`` of ``total`` (terminals only)."""
+        return EpochBar(self.stream if self.tty else None, f"epoch {epoch + 1}/{epochs}", done, total)
+
+    def after_step(self, trainer: "Trainer", step: int) -> None:
+        """A step hook: rank 0's training loss into TensorBoard every ``tensorboard_every`` optimizer steps."""
+        if self.scalars is not None and self.tensorboard_every and step % self.tensorboard_every == 0:
+            self.scalars.step_loss(step, trainer.last_loss.item())
 
     def epoch(self, record: dict) -> None:
-        """One summary line per epoch, and its record in metrics.jsonl."""
+        """One summary line per epoch, its record in metrics.jsonl, and its TensorBoard scalars."""
         self._append({"event": "epoch", **record})
         self._print(format_epoch(record))
+        if self.scalars is not None:
+            self.scalars.epoch(record)
 
     def finish(self, summary: dict) -> None:
         """Write summary.json atomically and print its one-line form (even with --quiet)."""
+        self.close()
         if not self.enabled:
             return
         atomic_write_text(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")
         self._append({"event": "end", **{k: summary[k] for k in ("step", "test_accuracy", "params_identical")}})
-        if self.tty:
-            self.stream.write("\r\033[K")
         print(format_summary(summary), file=self.stream, flush=True)
+
+    def close(self) -> None:
+        """Flush and close the TensorBoard file, if one is open."""
+        if self.scalars is not None:
+            self.scalars.close()
+            self.scalars = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def format_epoch(r: dict) -> str:

@@ -1,16 +1,23 @@
 """The training loop: DDP, accumulation with no_sync, mixed precision, evaluation, checkpoints.
 
     trainer = Trainer(cfg, ctx, data, reporter)   # inside app.platform.distributed.process_group
-    trainer.restore(state)                          # optional, from checkpoint.load
-    summary = trainer.fit()
+    trainer.restore(state, source)                  # optional, from checkpoint.load
+    trainer.step_hooks.append(hook)                 # optional: hook(trainer, step) after each optimizer step
+    summary = trainer.fit()                         # or: stats = trainer.train_epoch(), one epoch at a time
 
 One optimizer step is ``accum_steps`` micro-batches; gradients are all-reduced on the last one
 only (``no_sync`` on the others) and each micro-batch's loss is divided by the group's size.
+
+Step hooks are the extension point: each is called on every rank as ``hook(trainer, step)`` after
+optimizer step ``step`` (1, 2, ...) has been taken and checkpointed (``--checkpoint-every``), before
+the ``--max-steps`` check. A hook may read the trainer (``pos``, ``last_loss``, ``model``, ``ctx``)
+but must not change it; one that runs a collective must be registered on every rank. The
+TensorBoard step loss is one (``Reporter.after_step``).
 """
 
 import math
-import os
 import time
+from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -28,8 +35,6 @@ from app.train.data import Dataset
 from app.train.loader import TrainLoader, eval_batches
 from app.train.report import Reporter
 
-CRASH_EXIT_CODE = 17
-"""Exit status of the simulated crash (--crash-at-step)."""
 EVAL_BATCH = 1024
 
 
@@ -40,6 +45,24 @@ class Position:
     epoch: int = 0
     batch: int = 0
     step: int = 0
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    """What this rank did in one ``train_epoch``."""
+
+    loss_sum: float
+    """Sum of the micro-batch losses, each times its samples."""
+    samples: int
+    steps: int
+    """Optimizer steps taken."""
+    seconds: float
+    stopped: bool
+    """--max-steps was reached: training ends here."""
+
+
+StepHook = Callable[["Trainer", int], None]
+"""Called as ``hook(trainer, step)`` after each optimizer step (see the module docstring)."""
 
 
 def build_optimizer(name: str, params, lr: float, weight_decay: float, impl: str = "fused") -> torch.optim.Optimizer:
@@ -53,12 +76,12 @@ def build_optimizer(name: str, params, lr: float, weight_decay: float, impl: str
 
 def static_graph(cfg: TrainConfig) -> bool:
     """static_graph as configured, except with accumulation: DDP's static graph cannot begin in no_sync."""
-    return cfg.ddp.static_graph and cfg.optim.accum_steps == 1
+    return cfg.speed.static_graph and cfg.steps.accum_steps == 1
 
 
 def wrap_ddp(model: nn.Module, ctx: DistContext, cfg: TrainConfig) -> DDP:
     """DDP with the configured buckets; BatchNorm -> SyncBatchNorm when asked."""
-    if cfg.ddp.sync_bn:
+    if cfg.speed.sync_bn:
         if ctx.device.type != "cuda" and ctx.proc.world_size > 1:
             raise UsageError(
                 "--sync-bn needs CUDA devices (SyncBatchNorm has no CPU implementation): drop --sync-bn on CPU"
@@ -67,8 +90,8 @@ def wrap_ddp(model: nn.Module, ctx: DistContext, cfg: TrainConfig) -> DDP:
     return DDP(
         model,
         device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-        bucket_cap_mb=cfg.ddp.bucket_cap_mb,
-        gradient_as_bucket_view=cfg.ddp.gradient_as_bucket_view,
+        bucket_cap_mb=cfg.speed.bucket_cap_mb,
+        gradient_as_bucket_view=cfg.speed.gradient_as_bucket_view,
         static_graph=static_graph(cfg),
     )
 
@@ -76,20 +99,28 @@ def wrap_ddp(model: nn.Module, ctx: DistContext, cfg: TrainConfig) -> DDP:
 class Trainer:
     """Trains one model on one rank of a joined process group."""
 
-    def __init__(self, cfg: TrainConfig, ctx: DistContext, data: Dataset, reporter: Reporter) -> None:
+    def __init__(
+        self, cfg: TrainConfig, ctx: DistContext, data: Dataset, reporter: Reporter, step_hooks: Iterable[StepHook] = ()
+    ) -> None:
         self.cfg, self.ctx, self.data, self.reporter = cfg, ctx, data, reporter
+        self.step_hooks: list[StepHook] = list(step_hooks)
+        """Called after each optimizer step, in order (see the module docstring)."""
         self.rank, self.world = ctx.proc.rank, ctx.proc.world_size
-        o = cfg.optim
-        self.precision = amp.make(o.precision, ctx.device)
-        torch.manual_seed(o.seed)
-        self.model = models.build(o.model, data.shape, data.num_classes).to(ctx.device)
+        o, s, speed = cfg.optim, cfg.steps, cfg.speed
+        self.precision = amp.make(cfg.model.precision, ctx.device)
+        torch.manual_seed(s.seed)
+        self.model = models.build(cfg.model.model, data.shape, data.num_classes).to(ctx.device)
         self.ddp = wrap_ddp(self.model, ctx, cfg)
         self.model = self.ddp.module
-        self.optimizer = build_optimizer(o.optimizer, self.model.parameters(), o.lr, o.weight_decay, o.optimizer_impl)
+        self.optimizer = build_optimizer(
+            o.optimizer, self.model.parameters(), o.lr, o.weight_decay, speed.optimizer_impl
+        )
         self.loader = TrainLoader(
-            data.train, self.rank, self.world, o.batch_size, o.seed, ctx.device, cfg.data.loader, cfg.data.workers
+            data.train, self.rank, self.world, s.batch_size, s.seed, ctx.device, speed.loader, cfg.data.workers
         )
         self.pos = Position()
+        self.last_loss = torch.zeros((), device=ctx.device)
+        """This rank's loss of the latest micro-batch (detached; ``.item()`` waits for the device)."""
         self.resumed_from: str | None = None
         self._saved_step = -1
 
@@ -99,14 +130,14 @@ class Trainer:
     def identity(self) -> dict:
         """What a checkpoint must match to be resumed by this run."""
         return {
-            "model": self.cfg.optim.model,
+            "model": self.cfg.model.model,
             "dataset": self.data.name,
             "input_shape": list(self.data.shape),
             "num_classes": self.data.num_classes,
         }
 
     def _state(self, rng: list[dict[str, torch.Tensor]]) -> dict:
-        o, scaler = self.cfg.optim, self.precision.scaler
+        o, scaler = self.cfg.steps, self.precision.scaler
         return {
             **self.identity,
             "model_state": self.model.state_dict(),
@@ -143,7 +174,7 @@ class Trainer:
     def _check_position(self, state: dict, source: str) -> None:
         if state["batch"] == 0:
             return  # an epoch boundary: any world size or batch size can continue from here
-        o = self.cfg.optim
+        o = self.cfg.steps
         have = (state["world_size"], state["batch_size"], state["accum_steps"], state["seed"])
         if have != (self.world, o.batch_size, o.accum_steps, o.seed):
             raise UsageError(
@@ -155,7 +186,8 @@ class Trainer:
         """Checkpoint the current position (a collective: every rank calls it; rank 0 writes)."""
         rng = collective.gather_rng(self.ctx.device)
         if self.ctx.proc.is_main:
-            path = checkpoint.save(self.cfg.run.out, self._state(rng), self.pos.step, self.cfg.run.keep_checkpoints)
+            out = self.cfg.output
+            path = checkpoint.save(out.out, self._state(rng), self.pos.step, out.keep_checkpoints)
             self.reporter.event("checkpoint", step=self.pos.step, epoch=self.pos.epoch, path=str(path))
         self._saved_step = self.pos.step
 
@@ -181,47 +213,40 @@ class Trainer:
         self.pos.step += 1
 
     def _after_step(self) -> bool:
-        """Checkpoint, simulated crash and step limit after an optimizer step; False: stop now."""
-        run, step = self.cfg.run, self.pos.step
-        if run.checkpoint_every and step % run.checkpoint_every == 0:
+        """Checkpoint, step hooks and step limit after an optimizer step; False: stop now."""
+        out, step = self.cfg.output, self.pos.step
+        if out.checkpoint_every and step % out.checkpoint_every == 0:
             self._save()
-        if run.crash_at_step == step and run.crash_rank == self.rank and self.ctx.proc.restart_count == 0:
-            os._exit(CRASH_EXIT_CODE)  # like a killed process: no cleanup, no goodbye to the peers
-        return not (self.cfg.optim.max_steps and step >= self.cfg.optim.max_steps)
+        for hook in self.step_hooks:
+            hook(self, step)
+        return not (self.cfg.steps.max_steps and step >= self.cfg.steps.max_steps)
 
-    def _run_epoch(self, epoch: int) -> tuple[bool, dict]:
-        """Train from the current position to the end of ``epoch``; (go on?, loss sums and timing)."""
-        k, total = self.cfg.optim.accum_steps, len(self.loader)
+    def train_epoch(self) -> EpochStats:
+        """Train from the current position to the end of its epoch, or until --max-steps; what this rank did."""
+        epoch, k, total = self.pos.epoch, self.cfg.steps.accum_steps, len(self.loader)
         loss_sum = torch.zeros((), device=self.ctx.device)
-        samples, steps, go_on = 0, 0, True
+        samples, steps, stopped = 0, 0, False
         start = time.perf_counter()
-        for i, (x, y) in enumerate(self.loader.epoch(epoch, self.pos.batch), self.pos.batch):
-            group_start = i - i % k
-            group_size = min(k, total - group_start)
-            boundary = i + 1 == group_start + group_size
-            loss = self._run_batch(x, y, boundary, 1.0 / group_size)
-            loss_sum += loss * y.shape[0]
-            samples += y.shape[0]
-            self.reporter.progress(
-                epoch, self.cfg.optim.epochs, i + 1, total, loss.item() if self.reporter.tty else None
-            )
-            if boundary:
-                self._optimizer_step()
-                steps += 1
-                self.pos.batch = i + 1
-                if not self._after_step():
-                    go_on = False
-                    break
+        with self.reporter.bar(epoch, self.cfg.steps.epochs, self.pos.batch, total) as bar:
+            for i, (x, y) in enumerate(self.loader.epoch(epoch, self.pos.batch), self.pos.batch):
+                group_start = i - i % k
+                group_size = min(k, total - group_start)
+                boundary = i + 1 == group_start + group_size
+                self.last_loss = self._run_batch(x, y, boundary, 1.0 / group_size)
+                loss_sum += self.last_loss * y.shape[0]
+                samples += y.shape[0]
+                bar.advance(self.last_loss)
+                if boundary:
+                    self._optimizer_step()
+                    steps += 1
+                    self.pos.batch = i + 1
+                    if not self._after_step():
+                        stopped = True
+                        break
         seconds = time.perf_counter() - start
-        if go_on or self.pos.batch >= total:
+        if not stopped or self.pos.batch >= total:
             self.pos = Position(epoch + 1, 0, self.pos.step)
-        return go_on, {"loss_sum": float(loss_sum), "samples": samples, "steps": steps, "seconds": seconds}
-
-    def timed_epoch(self, epoch: int) -> tuple[int, float]:
-        """Train all of ``epoch`` from its start, as fit does (for the benchmark): (samples, seconds)."""
-        self.pos = Position(epoch, 0, self.pos.step)
-        _, stats = self._run_epoch(epoch)
-        return stats["samples"], stats["seconds"]
+        return EpochStats(float(loss_sum), samples, steps, seconds, stopped)
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -243,39 +268,41 @@ class Trainer:
             "test_samples": int(count),
         }
 
-    def _epoch_record(self, epoch: int, stats: dict) -> dict:
+    def _epoch_record(self, epoch: int, stats: EpochStats) -> dict:
         loss_sum, samples, steps, seconds = collective.all_sum(
-            [stats["loss_sum"], stats["samples"], stats["steps"], stats["seconds"]], self.ctx.device
+            [stats.loss_sum, stats.samples, stats.steps, stats.seconds], self.ctx.device
         )
         seconds /= self.world
         return {
             "epoch": epoch,
-            "epochs": self.cfg.optim.epochs,
+            "epochs": self.cfg.steps.epochs,
             "step": self.pos.step,
             "train_loss": loss_sum / max(samples, 1),
             "train_samples": int(samples),
             "samples_per_s": samples / seconds if seconds > 0 else 0.0,
             "step_ms": 1000 * seconds / max(steps / self.world, 1),
             "seconds": seconds,
+            "lr": self.optimizer.param_groups[0]["lr"],
             **self.evaluate(),
         }
 
     def fit(self) -> dict:
         """Train to the end (or --max-steps) and return the summary; rank 0 reports and saves."""
-        o, run = self.cfg.optim, self.cfg.run
-        self.reporter.event("start", **self.describe(), resumed_from=self.resumed_from, position=vars(self.pos))
-        self.reporter.line(self.banner())
+        o, out = self.cfg.steps, self.cfg.output
+        start = {**self.describe(), "resumed_from": self.resumed_from, "position": vars(self.pos)}
+        self.reporter.start(start, self.banner(), self.pos.step)
         record: dict = {}
         totals = {"samples": 0.0, "seconds": 0.0}
         go_on = self.pos.epoch < o.epochs and not (o.max_steps and self.pos.step >= o.max_steps)
         while go_on and self.pos.epoch < o.epochs:
             epoch = self.pos.epoch
-            go_on, stats = self._run_epoch(epoch)
+            stats = self.train_epoch()
+            go_on = not stats.stopped
             record = self._epoch_record(epoch, stats)
             totals["samples"] += record["train_samples"]
             totals["seconds"] += record["seconds"]
             self.reporter.epoch(record)
-            if go_on and run.checkpoint_every_epochs and (epoch + 1) % run.checkpoint_every_epochs == 0:
+            if go_on and out.checkpoint_every_epochs and (epoch + 1) % out.checkpoint_every_epochs == 0:
                 self._save()
         if self._saved_step != self.pos.step:
             self._save()
@@ -283,7 +310,7 @@ class Trainer:
 
     def _summary(self, last: dict, totals: dict) -> dict:
         spread = collective.param_spread(self.model)
-        out = self.cfg.run.out
+        out = self.cfg.output.out
         return {
             **self.describe(),
             "step": self.pos.step,
@@ -303,23 +330,23 @@ class Trainer:
 
     def describe(self) -> dict:
         """The run's shape, for the banner, metrics.jsonl and the summary."""
-        o, p = self.cfg.optim, self.ctx.proc
+        o, s, p = self.cfg.optim, self.cfg.steps, self.ctx.proc
         return {
-            "model": o.model,
+            "model": self.cfg.model.model,
             "dataset": self.data.name,
             "world_size": p.world_size,
             "nodes": p.num_nodes,
             "launcher": p.launcher.value,
             "backend": self.ctx.backend,
             "device": str(self.ctx.device),
-            "batch_size": o.batch_size,
-            "accum_steps": o.accum_steps,
-            "global_batch": o.batch_size * p.world_size * o.accum_steps,
-            "precision": o.precision,
+            "batch_size": s.batch_size,
+            "accum_steps": s.accum_steps,
+            "global_batch": s.batch_size * p.world_size * s.accum_steps,
+            "precision": self.cfg.model.precision,
             "optimizer": o.optimizer,
             "lr": o.lr,
             "static_graph": static_graph(self.cfg),
-            "epochs": o.epochs,
+            "epochs": s.epochs,
             "train_samples": len(self.data.train),
             "test_samples": len(self.data.test),
         }

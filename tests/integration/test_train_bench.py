@@ -30,3 +30,19 @@ def test_bench_reports_both_loops_and_the_ratio(tmp_path) -> None:
     }
     assert len(report["variants"]) == 7
     assert done.stdout.count("ratio app/tutorial:") == 1  # rank 0 alone prints
+
+
+def test_every_flag_reaches_the_ranks_it_starts(tmp_path) -> None:
+    out = tmp_path / "bench.json"
+    speed = ["--no-static-graph", "--bucket-cap-mb", "1", "--optimizer-impl", "foreach", "--loader", "dataloader"]
+    done = run_single(["bench", "--rounds", "1", "--samples", "256", *speed, "--ifname", "lo", "--json", str(out)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    settings = json.loads(out.read_text())["app_settings"]
+    assert (settings["static_graph"], settings["bucket_cap_mb"]) == (False, 1.0)
+    assert (settings["optimizer_impl"], settings["loader"]) == ("foreach", "dataloader")
+
+
+def test_an_interface_that_does_not_exist_stops_the_ranks(tmp_path) -> None:
+    # Negative control for --ifname: had it been dropped on the way, the ranks would use the default and pass.
+    done = run_single(["bench", "--rounds", "1", "--samples", "256", "--ifname", "nosuchif0", "--timeout", "30"])
+    assert done.returncode != 0 and "nosuchif0" in done.stderr, done.stderr[-3000:]

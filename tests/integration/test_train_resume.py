@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.train.trainer import CRASH_EXIT_CODE
 from tests.integration.train_runs import final_params, metrics, summary, synthetic, train, train_torchrun_restarting
+from tests.integration.train_worker import CRASH_EXIT_CODE
 
 pytestmark = pytest.mark.integration
 

@@ -77,7 +77,8 @@ def assert_params_close(a: dict, b: dict, rtol: float, atol: float) -> None:
 
 
 def train_torchrun_restarting(nproc: int, args: list[str], max_restarts: int) -> subprocess.CompletedProcess:
-    """``torchrun --standalone --max-restarts N -m app train ARGS``: torchrun restarts failed ranks."""
+    """``torchrun --standalone --max-restarts N -m tests.integration.train_worker ARGS``: app train with the
+    test worker's hooks (``--crash-at-step``); torchrun restarts failed ranks."""
     cmd = [
         TORCHRUN,
         "--standalone",
@@ -85,8 +86,7 @@ def train_torchrun_restarting(nproc: int, args: list[str], max_restarts: int) ->
         f"--max-restarts={max_restarts}",
         "--monitor-interval=0.5",
         "-m",
-        "app",
-        "train",
+        "tests.integration.train_worker",
         *args,
     ]
     return subprocess.run(cmd, env=_clean_env(), capture_output=True, text=True, timeout=TIMEOUT, check=False)

@@ -73,3 +73,27 @@ def test_the_dataclass_checks_values() -> None:
 
 def test_given_values_win() -> None:
     assert from_args(Example, _parser().parse_args(["--count", "4"]), count=7).count == 7
+
+
+def _even(text: str) -> int:
+    if int(text) % 2:
+        raise UsageError(f"{text} is odd: give an even number")
+    return int(text)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A section whose flag's parser raises UsageError."""
+
+    pairs: int = field(default=2, metadata=flag(parse=_even))
+    """An even number."""
+
+
+def test_a_parsers_usage_error_is_argparses_one_line_error(capsys) -> None:
+    parser = argparse.ArgumentParser(prog="x")
+    add_arguments(parser, Checked)
+    assert from_args(Checked, parser.parse_args(["--pairs", "4"])).pairs == 4
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(["--pairs", "3"])
+    assert exit_.value.code == 2
+    assert "argument --pairs: 3 is odd: give an even number" in capsys.readouterr().err

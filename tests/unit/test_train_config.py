@@ -3,15 +3,23 @@
 import pytest
 
 from app.errors import UsageError
-from app.train.config import DataConfig, DDPConfig, OptimConfig, RunConfig, TrainConfig, parse_shape
+from app.train.config import (
+    DataConfig,
+    OptimizerConfig,
+    OutputConfig,
+    SpeedConfig,
+    StepsConfig,
+    TrainConfig,
+    parse_shape,
+)
 
 
 def test_defaults_are_the_offline_digits_mlp_run() -> None:
     cfg = TrainConfig()
-    assert (cfg.data.dataset, cfg.optim.model, cfg.optim.batch_size) == ("digits", "mlp", 64)
-    assert cfg.optim.precision == "fp32" and cfg.optim.optimizer == "adam" and cfg.optim.lr == 1e-3
-    assert cfg.ddp.gradient_as_bucket_view and cfg.ddp.static_graph and cfg.data.loader == "memory"
-    assert str(cfg.run.out) == "runs" and cfg.run.resume == "none"
+    assert (cfg.data.dataset, cfg.model.model, cfg.steps.batch_size) == ("digits", "mlp", 64)
+    assert cfg.model.precision == "fp32" and cfg.optim.optimizer == "adam" and cfg.optim.lr == 1e-3
+    assert cfg.speed.gradient_as_bucket_view and cfg.speed.static_graph and cfg.speed.loader == "memory"
+    assert str(cfg.output.out) == "runs" and cfg.output.resume == "none"
 
 
 @pytest.mark.parametrize("text, shape", [("1x28x28", (1, 28, 28)), ("3X32x32", (3, 32, 32))])
@@ -33,14 +41,14 @@ def test_parse_shape_rejects(text: str) -> None:
         (lambda: DataConfig(num_classes=1), "--num-classes 1 must be >= 2"),
         (lambda: DataConfig(train_samples=0), "--train-samples 0 must be > 0"),
         (lambda: DataConfig(workers=-1), "--workers -1"),
-        (lambda: OptimConfig(optimizer="lamb"), "--optimizer 'lamb'"),
-        (lambda: OptimConfig(epochs=0), "--epochs 0 must be >= 1"),
-        (lambda: OptimConfig(max_steps=-2), "--max-steps -2"),
-        (lambda: OptimConfig(weight_decay=-0.1), "--weight-decay"),
-        (lambda: DDPConfig(bucket_cap_mb=0), "--bucket-cap-mb 0"),
-        (lambda: RunConfig(keep_checkpoints=0), "--keep-checkpoints 0"),
-        (lambda: RunConfig(checkpoint_every=-1), "--checkpoint-every -1"),
-        (lambda: RunConfig(resume="/no/such/file.pt"), "no such checkpoint file"),
+        (lambda: OptimizerConfig(optimizer="lamb"), "--optimizer 'lamb'"),
+        (lambda: StepsConfig(epochs=0), "--epochs 0 must be >= 1"),
+        (lambda: StepsConfig(max_steps=-2), "--max-steps -2"),
+        (lambda: OptimizerConfig(weight_decay=-0.1), "--weight-decay"),
+        (lambda: SpeedConfig(bucket_cap_mb=0), "--bucket-cap-mb 0"),
+        (lambda: OutputConfig(keep_checkpoints=0), "--keep-checkpoints 0"),
+        (lambda: OutputConfig(checkpoint_every=-1), "--checkpoint-every -1"),
+        (lambda: OutputConfig(resume="/no/such/file.pt"), "no such checkpoint file"),
     ],
 )
 def test_bad_values_name_the_flag(build, message: str) -> None:

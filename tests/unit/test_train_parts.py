@@ -83,3 +83,27 @@ def test_reporter_quiet_and_other_ranks(tmp_path) -> None:
     Reporter(tmp_path / "r1", enabled=False, stream=stream).epoch(RECORD)
     assert stream.getvalue() == ""
     assert (tmp_path / "q" / "metrics.jsonl").exists() and not (tmp_path / "r1").exists()
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _epoch_with_bar(stream: io.StringIO, tmp_path) -> str:
+    reporter = Reporter(tmp_path, enabled=True, stream=stream)
+    with reporter.bar(0, 2, 0, 4) as bar:
+        for _ in range(4):
+            bar.advance(torch.tensor(0.5))
+    reporter.epoch(RECORD)
+    return stream.getvalue()
+
+
+def test_a_terminal_gets_tqdm_bar_then_the_epoch_line(tmp_path) -> None:
+    shown = _epoch_with_bar(_Terminal(), tmp_path)
+    assert "\repoch 1/2:   0%|" in shown and "0/4" in shown and "batch/s" in shown
+    assert shown.endswith("\r" + format_epoch(RECORD) + "\n")  # the bar's line is cleared first
+
+
+def test_a_file_or_pipe_gets_the_epoch_line_alone(tmp_path) -> None:
+    assert _epoch_with_bar(io.StringIO(), tmp_path) == format_epoch(RECORD) + "\n"

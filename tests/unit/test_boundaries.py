@@ -1,0 +1,137 @@
+"""Two rules over every module of app/, read from the sources: only app/platform/launcher.py reads
+the environment, and the workload (app/train) never imports the launcher module (it gets the
+process's ProcessInfo from the process group, ``ctx.proc``)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import app
+
+APP = Path(app.__file__).parent
+LAUNCHER = "app.platform.launcher"
+ENVIRONMENT = {"environ", "environb", "getenv", "getenvb"}
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(APP.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _package(path: Path) -> str:
+    module = _module(path)
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def env_reads(source: str) -> list[str]:
+    """Where ``source`` reaches the process environment: os.environ, os.getenv, or those imported from os."""
+    tree = ast.parse(source)
+    os_names = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+        if alias.name == "os"
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in ENVIRONMENT:
+            if isinstance(node.value, ast.Name) and node.value.id in os_names:
+                found.append(f"line {node.lineno}: {node.value.id}.{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and node.module == "os" and node.level == 0:
+            found += [f"line {node.lineno}: from os import {a.name}" for a in node.names if a.name in ENVIRONMENT]
+    return found
+
+
+def launcher_imports(source: str, package: str) -> list[str]:
+    """Where ``source`` (a module of ``package``) imports app.platform.launcher or something from it."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, *([base] if base else [])])
+            modules = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        if any(m == LAUNCHER or m.startswith(LAUNCHER + ".") for m in modules):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_only_the_launcher_reads_the_environment() -> None:
+    offenders = {
+        _module(path): reads
+        for path in sorted(APP.rglob("*.py"))
+        if _module(path) != LAUNCHER and (reads := env_reads(path.read_text()))
+    }
+    assert offenders == {}, "read the value in app/platform/launcher.py (ProcessInfo) and pass it on"
+
+
+def test_the_launcher_reads_it_and_the_check_sees_that() -> None:
+    # Positive control on real code: the one module allowed to read the environment does so.
+    assert env_reads((APP / "platform" / "launcher.py").read_text())
+
+
+def test_the_workload_never_imports_the_launcher() -> None:
+    train = sorted((APP / "train").rglob("*.py"))
+    assert len(train) > 5
+    offenders = {
+        _module(path): found for path in train if (found := launcher_imports(path.read_text(), _package(path)))
+    }
+    assert offenders == {}, "use ctx.proc (app.platform.distributed.DistContext) instead"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import os\nos.environ['RANK']",
+        "import os\nx = os.getenv('RANK', '0')",
+        "import os as system\nsystem.environ.get('RANK')",
+        "from os import environ",
+        "from os import getenv as get",
+        "def f():\n    import os\n    return dict(os.environ)",
+    ],
+)
+def test_an_environment_read_is_caught(source: str) -> None:
+    assert env_reads(source)
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["import os\nos.path.join('a', 'b')", "environ = {}\nenviron.get('RANK')", "from os import path", "x.environ"],
+)
+def test_other_code_is_not_an_environment_read(source: str) -> None:
+    assert env_reads(source) == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from app.platform import launcher",
+        "from app.platform.launcher import ProcessInfo",
+        "import app.platform.launcher",
+        "import app.platform.launcher as where",
+        "from ..platform import launcher",
+        "from ..platform.launcher import detect",
+        "def f():\n    from app.platform import distributed, launcher",
+    ],
+)
+def test_a_launcher_import_is_caught(source: str) -> None:
+    assert launcher_imports(source, "app.train")
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from app.platform.distributed import process_group",
+        "from app.platform import distributed",
+        "from . import data",
+    ],
+)
+def test_other_imports_are_not_launcher_imports(source: str) -> None:
+    assert launcher_imports(source, "app.train") == []

@@ -1,0 +1,72 @@
+"""The flags of ``app train`` and ``app bench`` are the config's fields: one flag per field, its
+default the field's default, its help the docstring under it, one --help group per section."""
+
+import argparse
+from dataclasses import MISSING, fields
+
+import pytest
+
+from app.cli import build_parser
+from app.flags import docstrings, from_args, option
+from app.train.bench import BenchConfig
+from app.train.config import SECTIONS, SpeedConfig, TrainConfig
+from app.train.main import config_from_args
+
+PROCESS_GROUP = {"backend", "timeout", "ifname", "init_method"}
+"""app.platform.distributed's flags, shared with app check."""
+
+
+def _destinations(parser: argparse.ArgumentParser) -> set[str]:
+    return {action.dest for action in parser._actions if action.option_strings and action.dest != "help"}
+
+
+def _action(parser: argparse.ArgumentParser, name: str) -> argparse.Action:
+    return parser._option_string_actions[option(name)]
+
+
+def _group_of(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
+    return next(g.title for g in parser._action_groups if action in g._group_actions)
+
+
+@pytest.mark.parametrize(
+    ("command", "sections"), [("train", list(SECTIONS.values())), ("bench", [BenchConfig, SpeedConfig])]
+)
+def test_every_field_is_a_flag_with_its_default_and_docstring(command: str, sections: list[type]) -> None:
+    parser, _ = build_parser(command)
+    for section in sections:
+        title = section.__doc__.splitlines()[0].rstrip(".")
+        for f in fields(section):
+            action = _action(parser, f.name)
+            default = f.default if f.default is not MISSING else f.default_factory()
+            assert action.default == default, f.name
+            assert docstrings(section)[f.name] and action.help.startswith(docstrings(section)[f.name]), f.name
+            assert _group_of(parser, action) == title, f.name
+    # Nothing else: every other flag is the process group's (app.platform.distributed).
+    generated = {f.name for section in sections for f in fields(section)}
+    assert _destinations(parser) == generated | PROCESS_GROUP
+
+
+def test_no_flags_give_the_default_config() -> None:
+    parser, _ = build_parser("train")
+    assert config_from_args(parser.parse_args([])) == TrainConfig()
+    bench_parser, _ = build_parser("bench")
+    assert from_args(SpeedConfig, bench_parser.parse_args([])) == SpeedConfig()
+    assert from_args(BenchConfig, bench_parser.parse_args([])) == BenchConfig()
+
+
+def test_flags_reach_their_sections() -> None:
+    parser, _ = build_parser("train")
+    args = ["--model", "cnn", "--batch-size", "8", "--no-static-graph", "--input-shape", "3x8x8", "--out", "o"]
+    cfg = config_from_args(parser.parse_args(args))
+    assert (cfg.model.model, cfg.steps.batch_size, cfg.speed.static_graph) == ("cnn", 8, False)
+    assert cfg.data.input_shape == (3, 8, 8) and str(cfg.output.out) == "o"
+
+
+def test_help_keeps_the_groups_and_the_launch_examples() -> None:
+    parser, _ = build_parser("train")
+    text = parser.format_help()
+    for section in SECTIONS.values():
+        assert section.__doc__.splitlines()[0].rstrip(".") + ":" in text
+    assert "torchrun --standalone --nproc-per-node 2 -m app train" in text and "srun -N 2" in text
+    assert "--input-shape CxHxW" in text and "(default: 1x28x28)" in text
+    assert "python -m app bench --nproc-per-node 4" in build_parser("bench")[0].format_help()
