@@ -8,7 +8,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from app.errors import ClusterError
-from app.platform import launcher
+from app.platform import doctor, launcher
 from app.platform.distributed import add_dist_arguments, dist_config_from_args, process_group
 from app.platform.launcher import ProcessInfo
 from app.train import checkpoint, data, models
@@ -223,6 +223,7 @@ def run(args: argparse.Namespace) -> int:
     """Train on this rank; rank 0 prints and writes. Exit 0 when parameters ended identical everywhere."""
     cfg = config_from_args(args)
     proc = launcher.detect(need_master=args.init_method is None)
+    doctor.preflight(proc, dist_config_from_args(args))  # a bad rendezvous: one line now, not a hang later
     summary = train(cfg, proc, args)
     if not summary["params_identical"]:
         raise ClusterError(

@@ -6,8 +6,11 @@ launch rendezvous through a file in the test's tmp_path (``--init-method file://
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,14 @@ import pytest
 PYTHON = sys.executable
 TORCHRUN = str(Path(PYTHON).parent / "torchrun")
 DEFAULT_TIMEOUT = 240
+
+
+@contextmanager
+def closed_port() -> Iterator[int]:
+    """A loopback port that refuses connections: bound (so no one else gets it) but never listening."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
 
 
 def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
