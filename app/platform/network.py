@@ -144,20 +144,32 @@ def reaches_self(server: socket.socket, address: str, port: int, timeout: float)
         client = socket.create_connection((address, port), timeout=timeout)
     except OSError as error:
         return Reached(False, time.monotonic() - start, error.strerror or str(error))
-    with client:
+    peer = None
+    try:
         client.sendall(token)
-        server.settimeout(timeout)
-        deadline = start + timeout
-        while time.monotonic() < deadline:
-            try:
-                peer, _ = server.accept()
-            except OSError:  # timed out
-                break
-            with peer:  # other ranks' probes connect too; only our own token counts
-                peer.settimeout(max(0.05, deadline - time.monotonic()))
-                try:
-                    if peer.recv(len(token), socket.MSG_WAITALL) == token:
-                        return Reached(True, time.monotonic() - start)
-                except OSError:
-                    continue
+        peer = _accept_token(server, token, start + timeout)
+    finally:
+        client.close()  # the client closes first: TIME_WAIT stays on its own port, not on the rendezvous port
+        if peer is not None:
+            peer.close()
+    if peer is not None:
+        return Reached(True, time.monotonic() - start)
     return Reached(False, time.monotonic() - start, "connected, but to another host's listener on that port")
+
+
+def _accept_token(server: socket.socket, token: bytes, deadline: float) -> socket.socket | None:
+    """The connection on ``server`` that brings ``token``, accepted before ``deadline`` (other ranks connect too)."""
+    while time.monotonic() < deadline:
+        server.settimeout(max(0.05, deadline - time.monotonic()))
+        try:
+            peer, _ = server.accept()
+        except OSError:  # timed out
+            return None
+        peer.settimeout(max(0.05, deadline - time.monotonic()))
+        try:
+            if peer.recv(len(token), socket.MSG_WAITALL) == token:
+                return peer
+        except OSError:
+            pass
+        peer.close()
+    return None
