@@ -27,12 +27,15 @@ made it), so a quiet success leaves no clutter.
 """
 
 import argparse
+import contextlib
 import faulthandler
+import json
 import logging
 import os
 import re
 import sys
 import tempfile
+import time
 import traceback
 from datetime import datetime
 from pathlib import Path
@@ -188,7 +191,17 @@ class RunLog:
         if details:
             self._file.write(text + "\n")
         print(text, file=sys.stderr, flush=True)
+        self._tell_torchrun(text)
         return status
+
+    def _tell_torchrun(self, text: str) -> None:
+        """Give torchrun's agent the one line, so that its failure report names the root cause."""
+        if self.who.error_file is None:
+            return
+        stamp = str(int(time.time()))
+        data = {"message": {"message": text, "extraInfo": {"py_callstack": text, "timestamp": stamp}}}
+        with contextlib.suppress(OSError):
+            Path(self.who.error_file).write_text(json.dumps(data))
 
     def _record(self, error: BaseException) -> None:
         stamp = datetime.now().isoformat(timespec="seconds")

@@ -34,6 +34,8 @@ TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
 """torchrun's --max-restarts."""
 TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 """'True' when the agent hosts the store that its workers join as clients."""
+TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+"""Where torchrun's agent reads a failed worker's error (JSON) for the root cause of its ChildFailedError report."""
 
 SLURM_JOB_NODELIST = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
 """The job's hosts, compressed (``node[01-04]``); the first one serves the rendezvous under Slurm."""

@@ -140,13 +140,15 @@ class Identity:
     """The rank as the first launcher's variable gives it; None without a launcher."""
     host: str
     """This machine's host name."""
+    error_file: str | None = None
+    """Where torchrun's agent reads this worker's error for its report (TORCHELASTIC_ERROR_FILE)."""
 
 
 def identity(env: Mapping[str, str] | None = None) -> Identity:
     """This process's rank (unvalidated) and host, for naming its log file and its error line."""
     env = os.environ if env is None else env
     raw = next((env[v.rank].strip() for v in envvars.LAUNCHERS if env.get(v.rank, "").strip()), None)
-    return Identity(raw, socket.gethostname())
+    return Identity(raw, socket.gethostname(), env.get(envvars.TORCHELASTIC_ERROR_FILE) or None)
 
 
 def _named(variable: str | None, value: int) -> str:

@@ -67,8 +67,10 @@ def test_under_torchrun_the_failing_rank_printsone_error_line(tmp_path) -> None:
     ours = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert len(ours) == 1 and ERROR_LINE.match(ours[0])["rank"] == "0", done.stderr[-3000:]
     assert "all_reduce_sum on rank 1: wrong value from rank 1" in ours[0]
-    # What is left is torchrun's own report (its ChildFailedError banner), never a traceback of ours.
+    # What is left is torchrun's own report (its ChildFailedError banner), never a traceback of ours;
+    # the rank's line reached torchrun through its error file and is the banner's root cause.
     assert "app/cli.py" not in done.stderr and "ChildFailedError" in done.stderr
+    assert f"traceback : {ours[0]}" in done.stderr
 
 
 def test_bench_repeats_the_error_line_of_the_ranks_it_started(tmp_path) -> None:
