@@ -98,18 +98,17 @@ class RunLog:
         self._faulthandler = False
 
     def _open(self, path: Path) -> Path:
-        """Open ``path`` for appending (creating its folder), or a file in the temp folder if that fails."""
+        """Open ``path`` for appending (creating its folder), or a new temp folder's file if that fails."""
         self._made = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = path.open("a", buffering=1, encoding="utf-8", errors="backslashreplace")
             return path
-        except OSError:
-            self._made = []
-            fallback = Path(tempfile.gettempdir()) / "ddp-cluster-logs" / path.name
-            fallback.parent.mkdir(exist_ok=True)
-            self._file = fallback.open("a", buffering=1, encoding="utf-8", errors="backslashreplace")
-            return fallback
+        except OSError:  # a read-only or foreign folder: the error line names where the log went instead
+            path = Path(tempfile.mkdtemp(prefix="ddp-cluster-logs-")) / path.name
+            self._made = [path.parent]
+            self._file = path.open("a", buffering=1, encoding="utf-8", errors="backslashreplace")
+            return path
 
     def __enter__(self) -> "RunLog":
         if not self.verbose:
@@ -151,8 +150,8 @@ class RunLog:
         if self._handler is not None:
             logging.captureWarnings(False)
             logging.getLogger().removeHandler(self._handler)
-        if self._stderr is not None:
-            sys.stderr.close()
+        if self._stderr is not None:  # the terminal stream stays open: a late thread may still print
+            sys.stderr.flush()
             sys.stderr = self._stderr
         if self._fd2 is not None:
             os.dup2(self._fd2, 2)

@@ -464,13 +464,13 @@ def run(args: argparse.Namespace) -> int:
             views = gather(proc, cfg, mine)
         except (RuntimeError, ClusterError) as error:
             raise ClusterError(f"the checks passed here but the store did not answer ({first_line(error)})") from None
+    failed = diag.failure()
     if proc.is_main:
         report = build_report(proc, cfg, views or [mine], gathered=views is not None)
         _print(report, args.json)
-        if not report["ok"]:
-            raise ClusterError(f"doctor: {summary(report)}")
+        if not report["ok"]:  # this rank's own failure first; else the others', each naming its rank
+            raise ClusterError(failed.detail if failed else f"doctor: {summary(report)}")
         return 0
-    failed = diag.failure()
     if failed is not None:
         raise ClusterError(failed.detail)
     return 0
