@@ -170,7 +170,7 @@ def _named_exists(name: str, found: dict[str, list[str]]) -> bool:
     return all(item.startswith("^") or any(n.startswith(item) for n in found) for item in items) and bool(items)
 
 
-def _choose(proc: ProcessInfo, master_ip: str | None, found: dict[str, list[str]], net: Network, port: int):
+def _choose(master_ip: str | None, found: dict[str, list[str]], net: Network, port: int) -> tuple[str | None, str]:
     """(interface, why) that the other nodes reach this one through, or (None, why not)."""
     local = {addr for addrs in found.values() for addr in addrs}
     owner = {addr: name for name, addrs in found.items() for addr in addrs}
@@ -207,7 +207,7 @@ def check_interface(diag: Diagnosis, proc: ProcessInfo, cfg: DistConfig, net: Ne
     if not proc.spans_nodes:
         diag.add("interface", SKIPPED, "one node: gloo and NCCL pick their own")
         return
-    name, why = _choose(proc, diag.master_ip, found, net, proc.master_port)
+    name, why = _choose(diag.master_ip, found, net, proc.master_port)
     if name is None:
         diag.add(
             "interface",
