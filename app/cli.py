@@ -11,7 +11,8 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from app.errors import ClusterError, UsageError
+from app import logs
+from app.errors import ClusterError, UsageError, first_line
 
 # name -> (module, one-line summary). Modules load only when their command runs, so commands that
 # need no torch (topology, deploy) start fast on machines without it.
@@ -22,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("app.train.bench", "samples/s of app train vs a plain tutorial DDP loop, and the ratio"),
     "cluster": ("app.platform.supervise", "run a job on the compose mini-cluster and keep it alive; logs; down"),
     "deploy": ("app.platform.deploy", "provision nodes and run the job across them with Ansible (ansible/deploy.yml)"),
+    "doctor": ("app.platform.doctor", "rendezvous doctor: MASTER_ADDR, port, interface, host names, world of one"),
 }
 
 
@@ -57,6 +59,7 @@ def build_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     module.add_arguments(parser)
+    logs.add_arguments(parser)
     return parser, module
 
 
@@ -73,16 +76,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser, module = build_parser(name)
     args = parser.parse_args(rest)
     args.argv = rest  # the command's arguments as given (app bench passes them on to the ranks it starts)
+    with logs.RunLog(name, logs.log_dir(args), verbose=args.verbose) as log:
+        try:
+            return _run(module, args, log)
+        finally:
+            release_process_groups()
+
+
+def _run(module, args: argparse.Namespace, log: logs.RunLog) -> int:
+    """The command's exit status; every failure becomes one line on the terminal, its details go to the log."""
     try:
-        return int(module.run(args))
+        status = int(module.run(args))
     except UsageError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return log.fail(str(error), 2)
     except ClusterError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    finally:
-        release_process_groups()
+        return log.fail(str(error), 1, error)
+    except KeyboardInterrupt:
+        return log.fail("interrupted (SIGINT)", 130)
+    except Exception as error:  # a bug, or a backend error no command expected: one line, the traceback in the log
+        return log.fail(f"unexpected {type(error).__name__}: {first_line(error)}", 1, error)
+    if status and log.who.rank is None:  # ranks this process started failed; they wrote their line into our log
+        child = log.child_error()
+        if child is None:
+            return log.fail(f"{log.command} exited with status {status}", status)
+        print(child, file=sys.stderr)
+    return status
 
 
 def release_process_groups() -> None:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from app.atomic import atomic_write_text
 from app.errors import ClusterError, UsageError, first_line
-from app.platform import launcher
+from app.platform import doctor, launcher
 from app.platform.distributed import DistContext, add_dist_arguments, dist_config_from_args, process_group
 
 FAULT_OFFSET = 1000.0
@@ -238,9 +238,14 @@ def _gather(ctx: DistContext, local: dict) -> list[dict] | None:
     return out
 
 
-def build_report(ctx: DistContext, cfg: CheckConfig) -> dict:
-    """Run the check on this rank and return the whole cluster's report (or this rank's view)."""
-    local = {**_rank_info(ctx), "operations": run_operations(ctx, cfg)}
+def build_report(ctx: DistContext, cfg: CheckConfig, diagnosis: doctor.Diagnosis | None = None) -> dict:
+    """Run the check on this rank and return the whole cluster's report (or this rank's view).
+
+    diagnosis: the rendezvous doctor's findings on this rank, merged into the report's ``rendezvous``.
+    """
+    found = doctor.view(diagnosis, ctx.proc) if diagnosis else None
+    interface = diagnosis.ifname if diagnosis else ctx.proc.ifname
+    local = {**_rank_info(ctx), "interface": interface, "doctor": found, "operations": run_operations(ctx, cfg)}
     gathered = _gather(ctx, local)
     if gathered is None:
         ctx.mark_broken("the check could not gather every rank's report")
@@ -259,7 +264,8 @@ def build_report(ctx: DistContext, cfg: CheckConfig) -> dict:
         "backend": ctx.backend,
         "launcher": ctx.proc.launcher.value,
         "numel": cfg.numel,
-        "ranks": [{k: v for k, v in r.items() if k != "operations"} for r in reports],
+        "ranks": [{k: v for k, v in r.items() if k not in ("operations", "doctor")} for r in reports],
+        "rendezvous": [asdict(f) for f in doctor.merge([r["doctor"] for r in reports])] if found else [],
         "operations": [asdict(op) for op in operations],
         "failures": failures,
     }
@@ -271,14 +277,17 @@ def format_table(report: dict) -> str:
         f"ddp-cluster check: {report['world_size']} ranks on {report['nodes']} host(s), "
         f"backend {report['backend']}, launcher {report['launcher']}",
         "",
-        f"{'rank':>4}  {'node':>4}  {'local':>5}  {'host':<24}  {'device':<8}  backend",
+        f"{'rank':>4}  {'node':>4}  {'local':>5}  {'host':<24}  {'device':<8}  {'backend':<7}  interface",
     ]
     lines += [
-        f"{r['rank']:>4}  {r['node_rank']:>4}  {r['local_rank']:>5}  {r['host']:<24}  {r['device']:<8}  {r['backend']}"
+        f"{r['rank']:>4}  {r['node_rank']:>4}  {r['local_rank']:>5}  {r['host']:<24}  {r['device']:<8}  "
+        f"{r['backend']:<7}  {r.get('interface') or '-'}"
         for r in report["ranks"]
     ]
     if not report["complete"]:
         lines.append("(only rank 0's view: the other ranks could not report)")
+    if report["rendezvous"]:
+        lines += ["", *doctor.format_rows(report["rendezvous"])]
     lines += ["", f"{'operation':<20}  {'result':<7}  {'max ms':>8}  detail"]
     lines += [
         f"{op['name']:<20}  {_status(op):<7}  {op['time_ms']:>8.2f}  {op['detail']}" for op in report["operations"]
@@ -326,8 +335,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = CheckConfig(numel=args.numel, faults=tuple(map(_parse_fault, args.inject_fault)))
     dist_cfg = dist_config_from_args(args)
     proc = launcher.detect(need_master=dist_cfg.init_method is None)
+    diagnosis = doctor.preflight(proc, dist_cfg, announce=False)
     with process_group(proc, dist_cfg) as ctx:
-        report = build_report(ctx, cfg)
+        report = build_report(ctx, cfg, diagnosis)
     if proc.is_main:
         if args.json == "-":
             json.dump(report, sys.stdout, indent=2)

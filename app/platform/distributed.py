@@ -102,10 +102,14 @@ def dist_config_from_args(args: argparse.Namespace) -> DistConfig:
     return DistConfig(backend=args.backend, timeout_s=args.timeout, ifname=args.ifname, init_method=args.init_method)
 
 
-def _store(proc: ProcessInfo, timeout: timedelta) -> dist.Store:
+def rendezvous_store(proc: ProcessInfo, timeout: timedelta) -> dist.Store:
+    """The store on MASTER_ADDR:MASTER_PORT: torchrun's agent's, or one that rank 0 serves (in memory: one process)."""
     if proc.world_size == 1:
         return dist.HashStore()
+    where = f"{proc.master_addr}:{proc.master_port} (MASTER_ADDR:MASTER_PORT)"
     try:
+        if proc.torchelastic and proc.agent_store:
+            return _agent_store(proc, timeout)
         return dist.TCPStore(
             proc.master_addr,
             proc.master_port,
@@ -115,10 +119,15 @@ def _store(proc: ProcessInfo, timeout: timedelta) -> dist.Store:
             wait_for_workers=False,
         )
     except (RuntimeError, OSError) as error:
-        role = "serve" if proc.is_main else "reach"
+        if proc.is_main and not proc.agent_store:
+            raise ClusterError(
+                f"could not serve the rendezvous on port {proc.master_port} of {proc.host} ({first_line(error)}): "
+                "another process holds MASTER_PORT? pick a free one"
+            ) from None
         raise ClusterError(
-            f"rank {proc.rank} could not {role} the rendezvous at {proc.master_addr}:{proc.master_port} "
-            f"({first_line(error)}): check MASTER_ADDR/MASTER_PORT and that the port is free"
+            f"could not reach the rendezvous at {where} within {timeout.total_seconds():g}s ({first_line(error)}): "
+            f"is rank 0 running there, and does the network let port {proc.master_port} through? "
+            "python -m app doctor checks both"
         ) from None
 
 
@@ -139,18 +148,18 @@ def _init(proc: ProcessInfo, cfg: DistConfig, backend: str, device: torch.device
         kwargs["device_id"] = device
     if cfg.init_method:
         kwargs["init_method"] = cfg.init_method
-    elif proc.torchelastic and proc.agent_store:
-        kwargs["store"] = _agent_store(proc, timeout)
-    elif proc.torchelastic:
+    elif proc.torchelastic and not proc.agent_store:
         kwargs["init_method"] = "env://"
     else:
-        kwargs["store"] = _store(proc, timeout)
+        kwargs["store"] = rendezvous_store(proc, timeout)
     try:
         dist.init_process_group(**kwargs)
     except (RuntimeError, ValueError) as error:
+        ifname = cfg.ifname or proc.ifname
+        via = f"interface {ifname}" if ifname else "the interface of this host's name (set --ifname to choose)"
         raise ClusterError(
-            f"rank {proc.rank} could not join the {proc.world_size}-process group within {cfg.timeout_s:g}s "
-            f"({first_line(error)}): check that every rank started and can reach the others"
+            f"could not join the {proc.world_size}-process {backend} group within {cfg.timeout_s:g}s "
+            f"({first_line(error)}): check that every rank started and that the others reach this node through {via}"
         ) from None
 
 
@@ -184,5 +193,5 @@ def _leave_together(ctx: DistContext) -> None:
         dist.barrier()
     except (RuntimeError, ValueError) as error:
         raise ClusterError(
-            f"rank {ctx.proc.rank} finished but the other ranks did not reach the end ({first_line(error)})"
+            f"finished, but not every other rank reached the end ({first_line(error)}): see the other ranks' errors"
         ) from None

@@ -34,10 +34,15 @@ TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
 """torchrun's --max-restarts."""
 TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 """'True' when the agent hosts the store that its workers join as clients."""
+TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+"""Where torchrun's agent reads a failed worker's error (JSON) for the root cause of its ChildFailedError report."""
 
 SLURM_JOB_NODELIST = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
 """The job's hosts, compressed (``node[01-04]``); the first one serves the rendezvous under Slurm."""
 SLURM_JOB_ID = "SLURM_JOB_ID"
+NODE_COUNTS = ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", NNODES)
+"""Where the environment names the job's node count apart from the ranks (first set wins): Slurm's step,
+then its allocation, then NNODES of a cluster env file. A job of one node under them is a world of one."""
 SLURM_TASKS_PER_NODE = "SLURM_TASKS_PER_NODE"
 """Tasks on each node, compressed (``4(x2)`` or ``4,3``); SLURM_NTASKS_PER_NODE when given instead."""
 SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 10000

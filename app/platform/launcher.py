@@ -83,6 +83,10 @@ class ProcessInfo:
     """The interface chosen for gloo/NCCL in the environment (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME)."""
     host: str = field(default="", compare=False)
     """This machine's host name, as the other nodes know it."""
+    named_nodes: int = field(default=0, compare=False)
+    """Nodes the environment names apart from the ranks (Slurm's node count, NNODES); 0 when it names none."""
+    named_nodes_by: str = field(default="", compare=False)
+    """The variable that named them, as ``SLURM_STEP_NUM_NODES=2``."""
 
     def __post_init__(self) -> None:
         names = self.launcher.variables
@@ -106,7 +110,10 @@ class ProcessInfo:
                 f"{_named(names.local_size, self.local_world_size)}){where}"
             )
         if not 0 <= self.node_rank < self.world_size:
-            raise UsageError(f"node rank {_named(names.node_rank, self.node_rank)} must be in [0, {self.world_size})")
+            raise UsageError(
+                f"node rank {_named(names.node_rank, self.node_rank)} must be in [0, world size "
+                f"{_named(names.size, self.world_size)}){where}: each node holds at least one rank"
+            )
         envvars.check_port(self.master_port)
 
     @property
@@ -118,6 +125,30 @@ class ProcessInfo:
     def num_nodes(self) -> int:
         """Number of nodes, assuming the same number of processes on each."""
         return max(1, self.world_size // self.local_world_size)
+
+    @property
+    def spans_nodes(self) -> bool:
+        """True when other nodes hold some of this job's ranks (exact, also with uneven nodes)."""
+        return self.local_world_size < self.world_size
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who this process is, read without validation: a bad environment still gets its log file and error line."""
+
+    rank: str | None
+    """The rank as the first launcher's variable gives it; None without a launcher."""
+    host: str
+    """This machine's host name."""
+    error_file: str | None = None
+    """Where torchrun's agent reads this worker's error for its report (TORCHELASTIC_ERROR_FILE)."""
+
+
+def identity(env: Mapping[str, str] | None = None) -> Identity:
+    """This process's rank (unvalidated) and host, for naming its log file and its error line."""
+    env = os.environ if env is None else env
+    raw = next((env[v.rank].strip() for v in envvars.LAUNCHERS if env.get(v.rank, "").strip()), None)
+    return Identity(raw, socket.gethostname(), env.get(envvars.TORCHELASTIC_ERROR_FILE) or None)
 
 
 def _named(variable: str | None, value: int) -> str:
@@ -237,6 +268,22 @@ def _ranks(env: Mapping[str, str]) -> dict:
     return {**_from_single(env), "launcher": Launcher.SINGLE}
 
 
+_MASTER_HINTS = {
+    Launcher.OPENMPI: "add -x MASTER_ADDR=<host of rank 0> -x MASTER_PORT=<port> to mpirun",
+    Launcher.MPICH: "add -genv MASTER_ADDR <host of rank 0> -genv MASTER_PORT <port> to mpiexec",
+}
+"""How to give MASTER_ADDR to the ranks of each launcher that does not set it itself."""
+
+
+def _named_nodes(env: Mapping[str, str]) -> tuple[int, str]:
+    """The job's node count as the environment names it apart from the ranks, and the variable; (0, '') if none."""
+    for name in envvars.NODE_COUNTS:
+        raw = env.get(name, "").strip()
+        if raw.isdigit() and int(raw) >= 1:
+            return int(raw), f"{name}={raw}"
+    return 0, ""
+
+
 def detect(env: Mapping[str, str] | None = None, *, need_master: bool = True) -> ProcessInfo:
     """Describe this process from the environment (``os.environ`` by default).
 
@@ -250,12 +297,23 @@ def detect(env: Mapping[str, str] | None = None, *, need_master: bool = True) ->
     else:
         addr, port = _master(env, None, envvars.DEFAULT_MASTER_PORT)
     ifname = next((env[name] for name in envvars.IFNAME_VARIABLES if env.get(name)), None)
-    info = ProcessInfo(**fields, master_addr=addr, master_port=port, ifname=ifname, host=socket.gethostname())
+    nodes, nodes_by = _named_nodes(env)
+    info = ProcessInfo(
+        **fields,
+        master_addr=addr,
+        master_port=port,
+        ifname=ifname,
+        host=socket.gethostname(),
+        named_nodes=nodes,
+        named_nodes_by=nodes_by,
+    )
     if need_master and info.world_size > 1 and not info.master_addr:
+        slurm = info.launcher is Launcher.SLURM
+        unset = "neither MASTER_ADDR nor SLURM_JOB_NODELIST is" if slurm else "MASTER_ADDR is not"
+        hint = _MASTER_HINTS.get(info.launcher, "export MASTER_ADDR=<host of rank 0>")
         raise UsageError(
-            f"{info.launcher.value} started {info.world_size} processes but MASTER_ADDR is not set: "
-            "export it (mpirun: -x MASTER_ADDR=<host of rank 0> -x MASTER_PORT=29500) "
-            "or pass --init-method file:///shared/dir/rendezvous"
+            f"{info.launcher.value} started {info.world_size} processes ({info.launcher.variables.size}="
+            f"{info.world_size}) but {unset} set: {hint} or pass --init-method file:///shared/dir/rendezvous"
         )
     return info
 

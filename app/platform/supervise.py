@@ -258,7 +258,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("up", "logs", "down"), help="run a job, show every node's output, remove")
     parser.add_argument("--results", type=Path, default=Path("build/results"), metavar="DIR", help="results go here")
     parser.add_argument("--state-dir", type=Path, default=Path("build/cluster"), metavar="DIR", help="env files, logs")
-    parser.add_argument("--verbose", action="store_true", help="also print tracebacks and torchrun's own lines")
     topology.add_spec_arguments(parser)
 
 

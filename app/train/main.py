@@ -7,6 +7,7 @@ import torch.distributed as dist
 
 from app import flags
 from app.errors import ClusterError
+from app.platform import doctor
 from app.platform.distributed import (
     DistConfig,
     DistContext,
@@ -63,7 +64,9 @@ def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], N
     prepare: called with the Trainer before training starts, e.g. to register a DDP comm hook or
     append to ``trainer.step_hooks``.
     """
-    with process_group(this_process(dist_cfg), dist_cfg) as ctx, Reporter.of(cfg.output, ctx.proc.is_main) as reporter:
+    proc = this_process(dist_cfg)
+    doctor.preflight(proc, dist_cfg)  # a bad rendezvous: one line now, not a hang later
+    with process_group(proc, dist_cfg) as ctx, Reporter.of(cfg.output, ctx.proc.is_main) as reporter:
         trainer = Trainer(cfg, ctx, prepare_data(cfg, ctx), reporter, step_hooks=[reporter.after_step])
         if prepare is not None:
             prepare(trainer)

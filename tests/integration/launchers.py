@@ -5,9 +5,13 @@ launch rendezvous through a file in the test's tmp_path (``--init-method file://
 """
 
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,26 @@ import pytest
 PYTHON = sys.executable
 TORCHRUN = str(Path(PYTHON).parent / "torchrun")
 DEFAULT_TIMEOUT = 240
+ERROR_LINE = re.compile(  # app/logs.py's one line: error: [rank R on HOST: ]CAUSE [exit S[; log PATH]]
+    r"^error: (rank (?P<rank>\d+) on (?P<host>\S+): )?(?P<cause>.+) \[exit (?P<status>\d+)(; log (?P<log>\S+))?\]$"
+)
+
+
+def one_error_line(stderr: str) -> re.Match:
+    """The single line on stderr, parsed; fails when anything else is there."""
+    lines = stderr.splitlines()
+    assert len(lines) == 1, stderr[-3000:]
+    found = ERROR_LINE.match(lines[0])
+    assert found, lines[0]
+    return found
+
+
+@contextmanager
+def closed_port() -> Iterator[int]:
+    """A loopback port that refuses connections: bound (so no one else gets it) but never listening."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
 
 
 def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -6,7 +6,15 @@ import subprocess
 import pytest
 
 from app.platform.check import VALUE_OPERATIONS
-from tests.integration.launchers import PYTHON, _clean_env, run_mpirun, run_single, run_slurm_style, run_torchrun
+from tests.integration.launchers import (
+    PYTHON,
+    _clean_env,
+    closed_port,
+    run_mpirun,
+    run_single,
+    run_slurm_style,
+    run_torchrun,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -64,7 +72,7 @@ def test_every_wrong_value_names_its_operation_and_rank(tmp_path) -> None:
     assert {f["operation"]: f["ranks"] for f in report["failures"]} == {op: [r] for op, r in faults.items()}
     for failure in report["failures"]:
         assert f"wrong value from rank {failure['ranks'][0]}" in failure["detail"]
-    assert "error: check failed: send_recv_from_0 on rank 0" in done.stderr
+    assert "error: rank 0 on " in done.stderr and ": check failed: send_recv_from_0 on rank 0" in done.stderr
     assert [op["name"] for op in report["operations"] if op["ok"]] == ["barrier"]
 
 
@@ -112,7 +120,7 @@ def test_a_rank_that_hangs_becomes_an_error_after_the_timeout(tmp_path) -> None:
         (
             ["check"],
             {"RANK": "3", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"},
-            "rank 3 must be in [0, world size 2)",
+            "rank 3 (RANK=3) must be in [0, world size 2 (WORLD_SIZE=2))",
         ),
         (["check"], {"WORLD_SIZE": "2"}, "WORLD_SIZE is set but RANK is not"),
         (["check", "--backend", "nccl"], {}, "--backend nccl needs a GPU"),
@@ -128,11 +136,12 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], env: dict, message: s
 
 
 def test_unreachable_master_fails_within_the_timeout() -> None:
-    # Port 9 on loopback (discard) has no listener here: the rendezvous must give up, not hang.
-    done = run_single(
-        ["check", "--timeout", "3"],
-        timeout=90,
-        env={"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "9"},
-    )
+    # Nothing listens on the port: the rendezvous must give up, not hang.
+    with closed_port() as port:
+        done = run_single(
+            ["check", "--timeout", "3"],
+            timeout=90,
+            env={"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+        )
     assert done.returncode == 1
-    assert "could not reach the rendezvous at 127.0.0.1:9" in done.stderr
+    assert f"could not reach the rendezvous at 127.0.0.1:{port}" in done.stderr

@@ -3,7 +3,7 @@
 import pytest
 
 from app.errors import UsageError
-from app.platform.launcher import Launcher, ProcessInfo, detect
+from app.platform.launcher import Launcher, ProcessInfo, detect, identity
 
 
 def test_no_launcher_is_a_single_process() -> None:
@@ -100,8 +100,9 @@ def test_precedence_torchrun_inside_slurm_inside_nothing() -> None:
         ({"WORLD_SIZE": "2"}, ["WORLD_SIZE", "RANK"]),
         ({"OMPI_COMM_WORLD_RANK": "1"}, ["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"]),
         ({"PMI_SIZE": "2"}, ["PMI_SIZE", "PMI_RANK"]),
-        ({"RANK": "1", "WORLD_SIZE": "2"}, ["MASTER_ADDR", "-x MASTER_ADDR"]),
-        ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4"}, ["openmpi", "MASTER_ADDR"]),
+        ({"RANK": "1", "WORLD_SIZE": "2"}, ["(WORLD_SIZE=2)", "export MASTER_ADDR"]),
+        ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4"}, ["openmpi", "-x MASTER_ADDR"]),
+        ({"PMI_RANK": "0", "PMI_SIZE": "2"}, ["(PMI_SIZE=2)", "-genv MASTER_ADDR"]),
         ({"RANK": "one", "WORLD_SIZE": "2"}, ["RANK='one'", "not an integer"]),
         ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "http"}, ["MASTER_PORT='http'"]),
         ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "70000"}, ["MASTER_PORT=70000"]),
@@ -112,7 +113,8 @@ def test_precedence_torchrun_inside_slurm_inside_nothing() -> None:
         ),
         ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "many"}, ["SLURM_TASKS_PER_NODE"]),
         ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "n[3-1]"}, ["n[3-1]"]),
-        ({"SLURM_PROCID": "1", "SLURM_NTASKS": "2"}, ["slurm", "MASTER_ADDR"]),
+        ({"SLURM_PROCID": "1", "SLURM_NTASKS": "2"}, ["slurm", "MASTER_ADDR nor SLURM_JOB_NODELIST"]),
+        ({"RANK": "0", "WORLD_SIZE": "2", "GROUP_RANK": "2", "MASTER_ADDR": "a"}, ["GROUP_RANK=2", "WORLD_SIZE=2"]),
     ],
 )
 def test_bad_environments_give_one_line_naming_the_variables(env: dict, names: list[str]) -> None:
@@ -163,3 +165,25 @@ def test_detect_reads_the_real_environment(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("SLURM_JOB_NODELIST", "c[1-2]")
     info = detect()
     assert (info.launcher, info.rank, info.master_addr) == (Launcher.SLURM, 1, "c1")
+
+
+def test_node_counts_named_apart_from_the_ranks() -> None:
+    slurm = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NUM_NODES": "2", "SLURM_STEP_NUM_NODES": "3"}
+    info = detect(slurm)
+    assert (info.named_nodes, info.named_nodes_by) == (3, "SLURM_STEP_NUM_NODES=3")  # the step before the job
+    assert detect({"NNODES": "2"}).named_nodes_by == "NNODES=2"
+    assert detect({"NNODES": "two"}).named_nodes == 0 and detect({}).named_nodes_by == ""
+
+
+def test_spans_nodes_is_exact_with_uneven_nodes() -> None:
+    # 3 ranks, 2 on this node: world // local = 1 node, yet another node holds rank 2.
+    mpi = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    info = detect(mpi | {"MASTER_ADDR": "a"})
+    assert info.num_nodes == 1 and info.spans_nodes
+    assert not detect({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "a"}).spans_nodes
+
+
+def test_identity_names_a_rank_even_when_the_environment_is_bad() -> None:
+    assert identity({"RANK": "3", "WORLD_SIZE": "2"}).rank == "3"
+    assert identity({"SLURM_PROCID": "7"}).rank == "7"
+    assert identity({}).rank is None and identity({}).host

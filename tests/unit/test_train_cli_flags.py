@@ -14,6 +14,8 @@ from app.train.main import config_from_args
 
 PROCESS_GROUP = {"backend", "timeout", "ifname", "init_method"}
 """app.platform.distributed's flags, shared with app check."""
+EVERY_COMMAND = {"log_dir", "verbose"}
+"""app.logs' flags, which every command has."""
 
 
 def _destinations(parser: argparse.ArgumentParser) -> set[str]:
@@ -43,7 +45,7 @@ def test_every_field_is_a_flag_with_its_default_and_docstring(command: str, sect
             assert _group_of(parser, action) == title, f.name
     # Nothing else: every other flag is the process group's (app.platform.distributed).
     generated = {f.name for section in sections for f in fields(section)}
-    assert _destinations(parser) == generated | PROCESS_GROUP
+    assert _destinations(parser) == generated | PROCESS_GROUP | EVERY_COMMAND
 
 
 def test_no_flags_give_the_default_config() -> None:

@@ -1,0 +1,55 @@
+"""RunLog in-process: where the log goes, what the one line says, what is left behind."""
+
+import os
+from pathlib import Path
+
+from app import logs
+
+
+def test_a_run_that_logged_nothing_leaves_no_file_or_folder(tmp_path) -> None:
+    with logs.RunLog("check", tmp_path / "a" / "logs") as log:
+        assert log.path == tmp_path / "a" / "logs" / "check.log" and log.path.exists()
+    assert not (tmp_path / "a").exists()
+
+
+def test_native_writes_to_descriptor_2_land_in_the_log_and_it_is_kept(tmp_path, capsys) -> None:
+    with logs.RunLog("check", tmp_path) as log:
+        os.write(2, b"[W socket.cpp:764] [c10d] from C++\n")
+        assert log.fail("the rendezvous timed out", 1) == 1
+    line = capsys.readouterr().err
+    assert line == f"error: the rendezvous timed out [exit 1; log {tmp_path / 'check.log'}]\n"
+    assert "[c10d] from C++" in (tmp_path / "check.log").read_text()
+    os.write(2, b"")  # descriptor 2 is back where it was (this would raise if it were closed)
+
+
+def test_the_line_names_rank_and_host_under_a_launcher(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("RANK", "3")
+    with logs.RunLog("train", tmp_path) as log:
+        assert log.path.name == "train-rank3.log"
+        assert log.line("bad", 2, details=False) == f"error: rank 3 on {log.who.host}: bad [exit 2]"
+
+
+def test_an_unwritable_log_folder_falls_back_to_a_temp_folder(tmp_path) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    with logs.RunLog("doctor", tmp_path / "file" / "logs") as log:
+        fallback = log.path
+        assert fallback.name == "doctor.log" and fallback.parent.name.startswith("ddp-cluster-logs-")
+    assert not fallback.parent.exists()  # nothing logged: the temp folder went too
+
+
+def test_a_childs_error_line_in_the_log_is_found(tmp_path) -> None:
+    with logs.RunLog("bench", tmp_path) as log:
+        os.write(2, b"torchrun's banner\nerror: rank 1 on h: --backend nccl needs a GPU [exit 2]\n")
+        assert log.child_error() == "error: rank 1 on h: --backend nccl needs a GPU [exit 2]"
+
+
+def test_default_folder_is_the_runs_output_else_logs() -> None:
+    class Args:
+        log_dir = None
+        out = Path("runs/x")
+
+    assert logs.log_dir(Args()) == Path("runs/x/logs")
+    Args.out = None
+    assert logs.log_dir(Args()) == logs.DEFAULT_LOG_DIR
+    Args.log_dir = Path("/shared")
+    assert logs.log_dir(Args()) == Path("/shared")
