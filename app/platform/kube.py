@@ -38,7 +38,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 PORT_NAME = "rendezvous"
 FAIL_JOB_EXIT_CODES = (1, 2, 126, 127)
 """Exit codes of a node that end the whole job at once: torchrun gave up after its restarts (1), bad
-input (2), the image cannot run the entrypoint (126, 127). A pod killed by a signal (OOM, preemption,
+input (2), the entrypoint cannot run its command (126, 127). A pod killed by a signal (OOM, preemption,
 a lost machine) is replaced instead, at most max_restarts times, and rejoins in a new round."""
 PYTORCHJOB_CONTAINER, PYTORCHJOB_PORT = "pytorch", "pytorchjob-port"
 """The container and port names that the Kubeflow training operator looks for."""
@@ -49,9 +49,11 @@ def check(spec: ClusterSpec) -> None:
     if spec.nodes.hosts or spec.rendezvous.master_addr:
         raise UsageError("Kubernetes names its own pods: give --nodes, not --hosts, --hostfile or --master-addr")
     if spec.job.launcher != "torchrun":
-        raise UsageError(f"--launcher {spec.job.launcher}: the Kubernetes manifests run torchrun in every pod")
+        raise UsageError(
+            f"--launcher {spec.job.launcher}: the Kubernetes manifests run torchrun in every pod; drop --launcher"
+        )
     if spec.job.script:
-        raise UsageError("--script is not shipped into pods: build it into the image and give --command instead")
+        raise UsageError("--script is not shipped into pods: on Kubernetes the pods run the app's --command")
     if not spec.job.name[0].isalpha():
         raise UsageError(f"--name {spec.job.name!r} must start with a letter on Kubernetes (it names a Service)")
 
