@@ -207,6 +207,33 @@ def test_torchrun_parses_the_rendered_arguments() -> None:
     assert args.rdzv_endpoint == "llm-0.llm.ml.svc.cluster.local:29500" and args.rdzv_backend == "c10d"
 
 
+def test_torchrun_reads_the_pytorchjob_as_the_training_operator_passes_it(monkeypatch) -> None:
+    """The operator (kubeflow/training-operator release-1.9, pkg/controller.v1/pytorch/elastic.go and
+    envvar.go) gives torchrun its settings as PET_* variables; no operator runs here, so they are
+    derived from the PyTorchJob by the same rules."""
+    from torch.distributed.run import get_args_parser
+
+    job = _documents("pytorchjob-gpu")[1]["spec"]
+    elastic = job["elasticPolicy"]
+    env = {
+        "PET_RDZV_ENDPOINT": f"{elastic['rdzvHost']}:{elastic['rdzvPort']}",
+        "PET_RDZV_BACKEND": elastic["rdzvBackend"],
+        "PET_NNODES": f"{elastic['minReplicas']}:{elastic['maxReplicas']}",
+        "PET_MAX_RESTARTS": str(elastic["maxRestarts"]),
+        "PET_RDZV_ID": elastic["rdzvId"],
+        "PET_RDZV_CONF": ",".join(f"{c['key']}={c['value']}" for c in elastic["rdzvConf"]),
+        "PET_NPROC_PER_NODE": job["nprocPerNode"],
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    command = job["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
+    assert command[0] == "torchrun"
+    args = get_args_parser().parse_args(command[1:])
+    assert (args.nnodes, args.nproc_per_node, args.max_restarts, args.rdzv_backend) == ("3:3", "4", 3, "c10d")
+    assert (args.rdzv_endpoint, args.rdzv_id, args.rdzv_conf) == ("llm-master-0:29500", "llm", "join_timeout=120")
+    assert args.training_script == "app" and args.module
+
+
 def test_the_job_is_consistent_with_the_spec() -> None:
     spec = build({"nodes": {"nodes": 3}, "rendezvous": {"max_restarts": 2}, "job": {"time_limit": 600}})
     job = kube.indexed_job(spec)["spec"]
