@@ -18,6 +18,7 @@ import tomllib
 import types
 import typing
 from dataclasses import asdict, dataclass, field, fields, replace
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -227,6 +228,24 @@ class Slurm:
     """File of the job's output (sbatch --output: %x is the job name, %j its id)."""
 
 
+_DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_DNS_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
+_QUANTITY = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$")
+_SCALE = {"n": "1e-9", "u": "1e-6", "m": "1e-3", "": "1", "k": "1e3", "M": "1e6", "G": "1e9", "T": "1e12", "P": "1e15"}
+_SCALE |= {"E": "1e18"} | {f"{p}i": str(1024 ** (n + 1)) for n, p in enumerate("KMGTPE")}
+
+
+def quantity(flag_name: str, text: str) -> Decimal:
+    """The value of a Kubernetes quantity (``2``, ``500m``, ``4Gi``, ``1e3``), or a UsageError naming the flag."""
+    match = _QUANTITY.match(text)
+    if not match:
+        raise UsageError(f"{flag_name} {text!r} is not a Kubernetes quantity like 2, 500m, 1.5 or 4Gi")
+    number, suffix = Decimal(match.group(1)), match.group(2) or ""
+    if suffix in _SCALE:
+        return number * Decimal(_SCALE[suffix])
+    return number.scaleb(int(suffix[1:]))  # 1e3, 5E-1
+
+
 @dataclass(frozen=True)
 class Kubernetes:
     """Kubernetes manifests (``--format k8s``, ``--format pytorchjob``)."""
@@ -234,7 +253,51 @@ class Kubernetes:
     namespace: str = field(default="default", metadata=used_by("kubernetes"))
     """Namespace of every object."""
     results_claim: str = field(default="ddp-results", metadata=used_by("kubernetes"))
-    """PersistentVolumeClaim mounted at /results (checkpoints, metrics, summaries)."""
+    """PersistentVolumeClaim mounted at /results (checkpoints, metrics, summaries); ReadWriteMany when
+    the pods may land on several machines."""
+    cluster_domain: str = field(default="cluster.local", metadata=used_by("kubernetes"))
+    """The cluster's DNS domain (kubelet --cluster-domain): pod 0's full name in it is the c10d endpoint."""
+    cpu_request: str = field(default="2", metadata=used_by("kubernetes"))
+    """CPUs each pod requests (a quantity: 2, 500m); about one per process on CPU nodes."""
+    cpu_limit: str = field(default="2", metadata=used_by("kubernetes"))
+    """CPUs each pod may use (>= the request; equal to it, with memory equal too, the pods are Guaranteed)."""
+    memory_request: str = field(default="4Gi", metadata=used_by("kubernetes"))
+    """Memory each pod requests (a quantity: 4Gi, 512Mi)."""
+    memory_limit: str = field(default="4Gi", metadata=used_by("kubernetes"))
+    """Memory each pod may use before it is OOM-killed (>= the request; /dev/shm counts against it)."""
+    shm_size: str = field(default="1Gi", metadata=used_by("kubernetes"))
+    """Size of each pod's memory-backed /dev/shm (DataLoader workers, NCCL); at most the memory limit."""
+
+    def __post_init__(self) -> None:
+        if not _DNS_LABEL.match(self.namespace):
+            raise UsageError(
+                f"--namespace {self.namespace!r} must be a DNS label: lowercase letters, digits and '-', at most 63"
+            )
+        for flag_name, value in (("--results-claim", self.results_claim), ("--cluster-domain", self.cluster_domain)):
+            if len(value) > 253 or not _DNS_NAME.match(value):
+                raise UsageError(f"{flag_name} {value!r} must be a DNS name: lowercase letters, digits, '-' and '.'")
+        cpu = self._pair("cpu", self.cpu_request, self.cpu_limit)
+        memory = self._pair("memory", self.memory_request, self.memory_limit)
+        if cpu[0] < Decimal("0.001"):
+            raise UsageError(f"--cpu-request {self.cpu_request} is below 1m (0.001 CPU): give at least 1m")
+        if memory[0] < 2**20:
+            raise UsageError(f"--memory-request {self.memory_request} is under 1Mi (bytes): give a unit, e.g. 4Gi")
+        if quantity("--shm-size", self.shm_size) > memory[1]:
+            raise UsageError(
+                f"--shm-size {self.shm_size} exceeds --memory-limit {self.memory_limit}: /dev/shm is memory "
+                "and counts against the limit; lower --shm-size or raise --memory-limit"
+            )
+
+    @staticmethod
+    def _pair(resource: str, request: str, limit: str) -> tuple[Decimal, Decimal]:
+        """A resource's request and limit, checked: the API server refuses a limit below the request."""
+        low, high = quantity(f"--{resource}-request", request), quantity(f"--{resource}-limit", limit)
+        if high < low:
+            raise UsageError(
+                f"--{resource}-limit {limit} is below --{resource}-request {request}: "
+                f"raise --{resource}-limit or lower the request"
+            )
+        return low, high
 
 
 SECTIONS = {"nodes": Nodes, "rendezvous": Rendezvous, "job": Job, "slurm": Slurm, "kubernetes": Kubernetes}

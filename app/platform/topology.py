@@ -7,6 +7,7 @@
     python -m app topology --hostfile hosts.txt --launcher mpirun --format mpirun
     python -m app topology --spec cluster.toml --nodes 3 --format compose --output build/cluster/x.env
     python -m app topology --name mycluster --format ssh-keys --output-dir ~/.cache/ddp-cluster/ssh/mycluster
+    python -m app topology --nodes 4 --namespace ml --results-claim ddp-results --format k8s --output job.yaml
 
 The spec comes from its defaults, a TOML file (``--spec``; or ``--spec-json``, as the compose
 cluster's init service gets it) and the flags below, the flags winning. Hosts by name come from
@@ -27,7 +28,7 @@ from typing import Any
 from app import flags
 from app.atomic import atomic_write_text
 from app.errors import UsageError
-from app.platform import compose, render, spec, sshkeys
+from app.platform import compose, kube, render, spec, sshkeys
 from app.platform.spec import ClusterSpec, Host
 
 DEFAULT_SCRIPT_DIR = Path(__file__).resolve().parents[2] / "cluster" / "jobs"
@@ -98,6 +99,8 @@ FORMATS: dict[str, tuple[Renderer, str]] = {
     ),
     "compose-files": (lambda r: compose.cluster_files(r.spec), "the compose cluster's files (--output-dir)"),
     "ssh-keys": (_ssh_keys, "this cluster's SSH user and host keys, made once (--output-dir)"),
+    "k8s": (lambda r: kube.render_k8s(r.spec), "Kubernetes: Indexed Job, headless Service, ConfigMap, NetworkPolicy"),
+    "pytorchjob": (lambda r: kube.render_pytorchjob(r.spec), "Kubernetes: a Kubeflow PyTorchJob and a NetworkPolicy"),
     "doc": (_doc, "the spec's keys as a Markdown table (README.md)"),
 }
 """Every format: its renderer (text, or files by name for --output-dir) and one line of help."""

@@ -1,0 +1,265 @@
+"""Kubernetes manifests from the cluster spec: an Indexed Job with a headless Service (``--format
+k8s``) or a Kubeflow PyTorchJob (``--format pytorchjob``), for the same image and the same job as
+the other engines. Needs no torch and no YAML library: each object is written as JSON, which is YAML.
+
+    python -m app topology --nodes 2 --format k8s --output build/k8s/ddp-cluster.yaml
+    kubectl apply -f build/k8s/ddp-cluster.yaml
+    kubectl -n default logs -f -l batch.kubernetes.io/job-name=ddp-cluster,batch.kubernetes.io/job-completion-index=0
+    python -m app topology --nodes 4 --nproc-per-node 8 --gpus-per-node 8 --image REGISTRY/ddp-cluster:cuda \\
+        --format pytorchjob --output build/k8s/pytorchjob.yaml      # needs the Kubeflow training operator
+
+``k8s``: a ConfigMap holds torchrun's arguments (``/cluster/torchrun.args``, what the image's
+``ddp-node`` reads on every engine); pod ``i`` of the Indexed Job is ``<name>-i`` in the headless
+Service ``<name>``, and pod 0's full DNS name is the c10d endpoint (pod 0 finds that name in its own
+/etc/hosts, so it serves the rendezvous before cluster DNS knows it). c10d, not a static rank from
+JOB_COMPLETION_INDEX, because a restart (``max_restarts``) is a new rendezvous round that a
+replaced pod can join. A NetworkPolicy admits only the job's own pods: the rendezvous store and
+gloo/NCCL take any connection. ``pytorchjob``: the training operator gives torchrun its settings
+(PET_* variables) from ``elasticPolicy``; the Master hosts the c10d rendezvous.
+
+Pods run as the image's user ``app`` with a read-only root file system, no capabilities and the
+runtime's seccomp profile; /tmp, the cache and /dev/shm are emptyDirs, /results the user's claim.
+"""
+
+import json
+
+from app.errors import UsageError
+from app.platform import envvars, render
+from app.platform.spec import ClusterSpec, Host
+
+APP_UID = 1000
+"""The image's user ``app`` (docker/Dockerfile, ARG APP_UID) and its group."""
+APP_HOME = "/home/app"
+CLUSTER_DIR = "/cluster"
+"""Where ``ddp-node`` reads torchrun.args."""
+RESULTS_DIR = "/results"
+GPU_RESOURCE = "nvidia.com/gpu"
+"""The NVIDIA device plugin's resource name."""
+PORT_NAME = "rendezvous"
+FAIL_JOB_EXIT_CODES = (1, 2, 126, 127)
+"""Exit codes of a node that end the whole job at once: torchrun gave up after its restarts (1), bad
+input (2), the entrypoint cannot run its command (126, 127). A pod killed by a signal (OOM, preemption,
+a lost machine) is replaced instead, at most max_restarts times, and rejoins in a new round."""
+PYTORCHJOB_CONTAINER, PYTORCHJOB_PORT = "pytorch", "pytorchjob-port"
+"""The container and port names that the Kubeflow training operator looks for."""
+
+
+def check(spec: ClusterSpec) -> None:
+    """Raise UsageError for what these manifests cannot run."""
+    if spec.nodes.hosts or spec.rendezvous.master_addr:
+        raise UsageError("Kubernetes names its own pods: give --nodes, not --hosts, --hostfile or --master-addr")
+    if spec.job.launcher != "torchrun":
+        raise UsageError(
+            f"--launcher {spec.job.launcher}: the Kubernetes manifests run torchrun in every pod; drop --launcher"
+        )
+    if spec.job.script:
+        raise UsageError("--script is not shipped into pods: on Kubernetes the pods run the app's --command")
+    if not spec.job.name[0].isalpha():
+        raise UsageError(f"--name {spec.job.name!r} must start with a letter on Kubernetes (it names a Service)")
+
+
+def labels(spec: ClusterSpec) -> dict[str, str]:
+    """The labels of every object; the job's pods are selected by all of them."""
+    return {
+        "app.kubernetes.io/name": "ddp-cluster",
+        "app.kubernetes.io/instance": spec.job.name,
+        "app.kubernetes.io/part-of": "ddp-cluster",
+    }
+
+
+def _metadata(spec: ClusterSpec, name: str) -> dict:
+    return {"name": name, "namespace": spec.kubernetes.namespace, "labels": labels(spec)}
+
+
+def pod_hosts(spec: ClusterSpec) -> tuple[Host, ...]:
+    """The Indexed Job's pods by their full DNS names (``<name>-<i>.<service>.<namespace>.svc.<domain>``)."""
+    k = spec.kubernetes
+    domain = f"{spec.job.name}.{k.namespace}.svc.{k.cluster_domain}"
+    return tuple(Host(f"{spec.job.name}-{i}.{domain}", spec.nodes.nproc_per_node) for i in range(spec.nodes.nodes))
+
+
+def _resources(spec: ClusterSpec) -> dict:
+    k = spec.kubernetes
+    limits = {"cpu": k.cpu_limit, "memory": k.memory_limit}
+    if spec.nodes.gpus_per_node:
+        limits[GPU_RESOURCE] = str(spec.nodes.gpus_per_node)
+    return {"requests": {"cpu": k.cpu_request, "memory": k.memory_request}, "limits": limits}
+
+
+def _container(spec: ClusterSpec, name: str, command: list[str], port_name: str, mounts: list[dict]) -> dict:
+    """The node's container: unprivileged, read-only root, the spec's resources."""
+    container: dict = {"name": name, "image": spec.job.image, "imagePullPolicy": "IfNotPresent", "command": command}
+    if spec.rendezvous.ifname:
+        container["env"] = [{"name": n, "value": spec.rendezvous.ifname} for n in envvars.IFNAME_VARIABLES]
+    return container | {
+        "ports": [{"name": port_name, "containerPort": spec.rendezvous.master_port, "protocol": "TCP"}],
+        "resources": _resources(spec),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [
+            {"name": "results", "mountPath": RESULTS_DIR},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "cache", "mountPath": f"{APP_HOME}/.cache"},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            *mounts,
+        ],
+    }
+
+
+def _pod(spec: ClusterSpec, container: dict, volumes: list[dict], **fields) -> dict:
+    """A pod template of the job: its labels, security context, volumes and ``fields`` (e.g. subdomain)."""
+    pod = {
+        **fields,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": APP_UID,
+            "runAsGroup": APP_UID,
+            "fsGroup": APP_UID,
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [
+            {"name": "results", "persistentVolumeClaim": {"claimName": spec.kubernetes.results_claim}},
+            {"name": "tmp", "emptyDir": {}},
+            {"name": "cache", "emptyDir": {}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.kubernetes.shm_size}},
+            *volumes,
+        ],
+    }
+    if spec.nodes.gpus_per_node:
+        pod["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    return {"metadata": {"labels": labels(spec)}, "spec": pod}
+
+
+def network_policy(spec: ClusterSpec) -> dict:
+    """Only the job's own pods may connect to its pods (rendezvous, gloo and NCCL on any port)."""
+    own = {"podSelector": {"matchLabels": labels(spec)}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(spec, spec.job.name),
+        "spec": {**own, "policyTypes": ["Ingress"], "ingress": [{"from": [own]}]},
+    }
+
+
+def config_map(spec: ClusterSpec) -> dict:
+    """torchrun's arguments, as ``ddp-node`` reads them from /cluster/torchrun.args."""
+    args = " ".join(render.torchrun_args(spec, pod_hosts(spec))) + "\n"
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(spec, f"{spec.job.name}-torchrun"),
+        "data": {"torchrun.args": args},
+    }
+
+
+def service(spec: ClusterSpec) -> dict:
+    """The headless Service that gives each pod a DNS name, also before it is ready."""
+    port = spec.rendezvous.master_port
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(spec, spec.job.name),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": labels(spec),
+            "ports": [{"name": PORT_NAME, "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }
+
+
+def indexed_job(spec: ClusterSpec) -> dict:
+    """One pod per node, ``<name>-<index>``; each runs ``ddp-node node`` (torchrun) and the job."""
+    name = spec.job.name
+    command = ["ddp-node", "node", *render.job_argv(spec)]
+    mount = {"name": "torchrun", "mountPath": CLUSTER_DIR, "readOnly": True}
+    container = _container(spec, "node", command, PORT_NAME, [mount])
+    volume = {"name": "torchrun", "configMap": {"name": f"{name}-torchrun"}}
+    pod = _pod(spec, container, [volume], subdomain=name, restartPolicy="Never")
+    rules = [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        {
+            "action": "FailJob",
+            "onExitCodes": {"containerName": "node", "operator": "In", "values": list(FAIL_JOB_EXIT_CODES)},
+        },
+    ]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(spec, name),
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": spec.nodes.nodes,
+            "parallelism": spec.nodes.nodes,
+            "backoffLimit": spec.rendezvous.max_restarts,
+            "podFailurePolicy": {"rules": rules},
+            "podReplacementPolicy": "Failed",
+            "activeDeadlineSeconds": spec.job.time_limit,
+            "template": pod,
+        },
+    }
+
+
+def pytorch_job(spec: ClusterSpec) -> dict:
+    """A Kubeflow PyTorchJob: one Master (it hosts the c10d rendezvous) and nodes - 1 Workers."""
+    name, nodes, r = spec.job.name, spec.nodes.nodes, spec.rendezvous
+    if nodes < 2:
+        raise UsageError("--format pytorchjob needs --nodes 2 or more (a Master and a Worker); one node: --format k8s")
+    command = ["torchrun", *render.job_argv(spec)]
+    pod = _pod(spec, _container(spec, PYTORCHJOB_CONTAINER, command, PYTORCHJOB_PORT, []), [])
+
+    def replicas(count: int) -> dict:
+        return {"replicas": count, "restartPolicy": "ExitCode", "template": pod}
+
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": _metadata(spec, name),
+        "spec": {
+            "runPolicy": {
+                "activeDeadlineSeconds": spec.job.time_limit,
+                "backoffLimit": r.max_restarts,
+                "cleanPodPolicy": "Running",
+            },
+            "nprocPerNode": str(spec.nodes.nproc_per_node),
+            "elasticPolicy": {
+                "rdzvBackend": "c10d",
+                "rdzvHost": f"{name}-master-0",
+                "rdzvPort": r.master_port,
+                "rdzvId": name,
+                "rdzvConf": [{"key": "join_timeout", "value": str(r.join_timeout)}],
+                "minReplicas": nodes,
+                "maxReplicas": nodes,
+                "maxRestarts": r.max_restarts,
+            },
+            "pytorchReplicaSpecs": {"Master": replicas(1), "Worker": replicas(nodes - 1)},
+        },
+    }
+
+
+def _documents(spec: ClusterSpec, fmt: str, objects: list[dict]) -> str:
+    """A multi-document YAML file of JSON objects; the comment first (kubectl reads a file that starts
+    with ``{`` as one JSON stream, which ``---`` would break)."""
+    kinds = ", ".join(o["kind"] for o in objects)
+    head = f"# {kinds} of job {spec.job.name}: kubectl apply -f FILE (python -m app topology --format {fmt})\n"
+    return head + "".join(f"---\n{json.dumps(o, indent=2)}\n" for o in objects)
+
+
+def render_k8s(spec: ClusterSpec) -> str:
+    """``--format k8s``: ConfigMap, headless Service, NetworkPolicy and the Indexed Job."""
+    check(spec)
+    return _documents(spec, "k8s", [config_map(spec), service(spec), network_policy(spec), indexed_job(spec)])
+
+
+def render_pytorchjob(spec: ClusterSpec) -> str:
+    """``--format pytorchjob``: the NetworkPolicy and the Kubeflow PyTorchJob."""
+    check(spec)
+    return _documents(spec, "pytorchjob", [network_policy(spec), pytorch_job(spec)])

@@ -1,0 +1,113 @@
+"""Offline validators of Kubernetes manifests, for the tests: the API's own schemas (built-in kinds,
+bundled by kubernetes-validate), the Kubeflow PyTorchJob CRD's openAPIV3Schema (from shared/k8s) and
+the Pod Security Standard "restricted" profile.
+
+The CRD files are data kept beside the checkout (``<repo>/../shared/k8s``, or the folder that
+DDP_K8S_SCHEMAS names): never copied into the repository.
+"""
+
+import copy
+import os
+from functools import cache
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import yaml
+
+K8S_VERSIONS = ("1.31", "1.37")
+"""Kubernetes versions the manifests are validated against (strict: unknown fields are errors): 1.31,
+the first with podFailurePolicy GA, and 1.37, the newest that kubernetes-validate bundles."""
+SCHEMAS_ENV = "DDP_K8S_SCHEMAS"
+DEFAULT_SCHEMAS = Path(__file__).resolve().parents[3] / "shared" / "k8s"
+PYTORCHJOB_CRD = "kubeflow.org_pytorchjobs.yaml"
+
+
+def schemas_dir() -> Path:
+    """The folder of the CRDs: $DDP_K8S_SCHEMAS, else shared/k8s beside the checkout."""
+    return Path(os.environ.get(SCHEMAS_ENV) or DEFAULT_SCHEMAS)
+
+
+def validate_builtin(obj: dict, version: str) -> None:
+    """Raise kubernetes_validate's ValidationError (or SchemaNotFoundError for an unknown kind)."""
+    kubernetes_validate.validate(obj, version, strict=True)
+
+
+def _strict(node):
+    """The schema with unknown fields refused wherever the API server prunes them, as ``kubectl apply``
+    (``--validate=strict``, its default) refuses them."""
+    if isinstance(node, list):
+        return [_strict(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _strict(v) for k, v in node.items()}
+    open_ended = "additionalProperties" in node or node.get("x-kubernetes-preserve-unknown-fields")
+    if node.get("type") == "object" and "properties" in node and not open_ended:
+        out["additionalProperties"] = False
+    return out
+
+
+def _unique_map_keys(validator, keys, instance, schema):
+    """``x-kubernetes-list-type: map``: no two items with the same keys (e.g. two ports 29500/TCP)."""
+    if schema.get("x-kubernetes-list-type") != "map" or not isinstance(instance, list):
+        return
+    seen = set()
+    for item in instance:
+        key = tuple(item.get(k, "TCP" if k == "protocol" else None) for k in keys)
+        if key in seen:
+            yield jsonschema.ValidationError(f"duplicate entry for keys {keys}: {key}")
+        seen.add(key)
+
+
+CrdValidator = jsonschema.validators.extend(
+    jsonschema.Draft7Validator, {"x-kubernetes-list-map-keys": _unique_map_keys}
+)
+
+
+@cache
+def crd_validator(folder: Path, file_name: str, version: str) -> jsonschema.Draft7Validator:
+    """A validator for the ``version`` of the CRD in ``folder/file_name``."""
+    crd = yaml.safe_load((folder / file_name).read_text())
+    schema = next(v for v in crd["spec"]["versions"] if v["name"] == version)["schema"]["openAPIV3Schema"]
+    return CrdValidator(_strict(copy.deepcopy(schema)))
+
+
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim"}
+RESTRICTED_VOLUMES |= {"projected", "secret"}
+
+
+def restricted_violations(pod: dict) -> list[str]:
+    """Where a pod spec breaks the Pod Security Standard "restricted" (and our read-only root), as text.
+
+    The profile's rules (kubernetes.io/docs/concepts/security/pod-security-standards): no host
+    namespaces or ports, no privileged containers, no privilege escalation, non-root, seccomp
+    RuntimeDefault or Localhost, every capability dropped (NET_BIND_SERVICE may be added back), only
+    the listed volume types.
+    """
+    found = [f"spec.{k}" for k in ("hostNetwork", "hostPID", "hostIPC") if pod.get(k)]
+    pod_ctx = pod.get("securityContext", {})
+    for volume in pod.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        found += [f"volume {volume['name']}: {k}" for k in kinds - RESTRICTED_VOLUMES]
+    for c in pod.get("containers", []) + pod.get("initContainers", []):
+        ctx = c.get("securityContext", {})
+        where = f"container {c.get('name')}"
+        if ctx.get("privileged"):
+            found.append(f"{where}: privileged")
+        if ctx.get("allowPrivilegeEscalation") is not False:
+            found.append(f"{where}: allowPrivilegeEscalation is not false")
+        if not ctx.get("runAsNonRoot", pod_ctx.get("runAsNonRoot")):
+            found.append(f"{where}: runAsNonRoot is not true")
+        if ctx.get("runAsUser", pod_ctx.get("runAsUser")) == 0:
+            found.append(f"{where}: runAsUser 0")
+        seccomp = ctx.get("seccompProfile", pod_ctx.get("seccompProfile", {})).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            found.append(f"{where}: seccompProfile {seccomp}")
+        caps = ctx.get("capabilities", {})
+        if "ALL" not in caps.get("drop", []) or set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+            found.append(f"{where}: capabilities not dropped")
+        if any(p.get("hostPort") for p in c.get("ports", [])):
+            found.append(f"{where}: hostPort")
+        if ctx.get("readOnlyRootFilesystem") is not True:
+            found.append(f"{where}: root file system is writable")
+    return found

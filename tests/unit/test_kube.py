@@ -1,0 +1,299 @@
+"""Kubernetes manifests (``app topology --format k8s|pytorchjob``), validated offline: golden files,
+the API's strict schemas for Kubernetes 1.31 and 1.37 (kubernetes-validate), the Kubeflow
+PyTorchJob CRD's schema, the "restricted" Pod Security Standard, and torchrun's own parser; each
+validator also gets a broken manifest that it must refuse.
+
+    DDP_K8S_SCHEMAS=/work/shared/k8s pytest tests/unit/test_kube.py    # the CRDs' folder, if not ../shared/k8s
+    DDP_UPDATE_GOLDEN=1 pytest tests/unit/test_kube.py -k golden       # rewrite the golden files, then review the diff
+"""
+
+import copy
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from app.errors import UsageError
+from app.platform import kube
+from app.platform.spec import build
+from tests.unit import kube_checks
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).resolve().parent / "golden"
+GPU_FLAGS = ("--nodes", "3", "--nproc-per-node", "4", "--gpus-per-node", "4", "--image", "registry.example/ddp:cuda")
+GPU_FLAGS += ("--name", "llm", "--namespace", "ml", "--max-restarts", "3", "--time-limit", "86400", "--ifname", "eth0")
+GPU_FLAGS += ("--cpu-request", "16", "--cpu-limit", "16", "--memory-request", "128Gi", "--memory-limit", "128Gi")
+GPU_FLAGS += ("--shm-size", "64Gi", "--results-claim", "llm-results", "--command", "train --out /results/llm")
+VARIANTS = {
+    "k8s-cpu": ("--format", "k8s"),
+    "k8s-gpu": (*GPU_FLAGS, "--format", "k8s"),
+    "pytorchjob-cpu": ("--format", "pytorchjob"),
+    "pytorchjob-gpu": (*GPU_FLAGS, "--format", "pytorchjob"),
+}
+"""Golden files by name (tests/unit/golden/NAME.yaml.golden) and the flags that render them."""
+
+
+def _topology(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "app", "topology", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def _documents(name: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all((GOLDEN / f"{name}.yaml.golden").read_text()) if d]
+
+
+def _pod_specs(obj: dict) -> list[dict]:
+    if obj["kind"] == "Job":
+        return [obj["spec"]["template"]["spec"]]
+    if obj["kind"] == "PyTorchJob":
+        return [r["template"]["spec"] for r in obj["spec"]["pytorchReplicaSpecs"].values()]
+    return []
+
+
+@pytest.fixture(scope="module")
+def crd() -> jsonschema.Draft7Validator:
+    """The PyTorchJob CRD's schema; fails (not skips) when its folder is missing, which names the fix."""
+    folder = kube_checks.schemas_dir()
+    if not (folder / kube_checks.PYTORCHJOB_CRD).is_file():
+        pytest.fail(
+            f"no {kube_checks.PYTORCHJOB_CRD} in {folder}: set {kube_checks.SCHEMAS_ENV} to the folder of the "
+            "Kubeflow CRDs (shared/k8s beside the checkout)"
+        )
+    return kube_checks.crd_validator(folder, kube_checks.PYTORCHJOB_CRD, "v1")
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_golden_files_are_what_the_cli_renders(name: str) -> None:
+    done = _topology(*VARIANTS[name])
+    assert done.returncode == 0, done.stderr
+    path = GOLDEN / f"{name}.yaml.golden"
+    if os.environ.get("DDP_UPDATE_GOLDEN") == "1":
+        path.write_text(done.stdout)
+    assert done.stdout == path.read_text(), f"{path.name} is stale: rerun with DDP_UPDATE_GOLDEN=1 and review"
+
+
+@pytest.mark.parametrize("version", kube_checks.K8S_VERSIONS)
+@pytest.mark.parametrize("name", VARIANTS)
+def test_builtin_kinds_pass_the_apis_strict_schema(name: str, version: str) -> None:
+    checked = []
+    for obj in _documents(name):
+        if obj["apiVersion"] == "kubeflow.org/v1":  # its pods are checked as the API's PodTemplate
+            for pod in _pod_specs(obj):
+                tmpl = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": {"spec": pod}}
+                kube_checks.validate_builtin(tmpl, version)
+        else:
+            kube_checks.validate_builtin(obj, version)
+        checked.append(obj["kind"])
+    kinds = (
+        ["ConfigMap", "Service", "NetworkPolicy", "Job"] if name.startswith("k8s") else ["NetworkPolicy", "PyTorchJob"]
+    )
+    assert checked == kinds
+
+
+@pytest.mark.parametrize("name", ["pytorchjob-cpu", "pytorchjob-gpu"])
+def test_pytorchjob_passes_its_crd_schema(name: str, crd) -> None:
+    job = _documents(name)[1]
+    assert [e.message for e in crd.iter_errors(job)] == []
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_pods_meet_the_restricted_pod_security_standard(name: str) -> None:
+    pods = [p for obj in _documents(name) for p in _pod_specs(obj)]
+    assert pods and all(kube_checks.restricted_violations(p) == [] for p in pods)
+
+
+def _set(obj: dict, path: str, value) -> dict:
+    """A deep copy of obj with path (dots; [i] for list items, [len] appends) set to value, or removed for None."""
+    broken = copy.deepcopy(obj)
+    *parents, last = [int(k) if k.isdigit() else k for k in re.findall(r"[^.\[\]]+", path)]
+    node = broken
+    for key in parents:
+        node = node[key]
+    if value is None:
+        del node[last]
+    elif isinstance(node, list) and last == len(node):
+        node.append(value)
+    else:
+        node[last] = value
+    return broken
+
+
+POD = "spec.template.spec"
+BUILTIN_MISTAKES = {
+    "wrong type": ("spec.completions", "two", "'two' is not of type 'integer'"),
+    "missing required field": (f"{POD}.containers[0].name", None, "'name' is a required property"),
+    "unknown field": ("spec.completionsMode", "Indexed", "'completionsMode' was unexpected"),
+    "wrong nested type": (f"{POD}.securityContext.runAsNonRoot", "yes", "'yes' is not of type 'boolean'"),
+}
+
+
+@pytest.mark.parametrize("version", kube_checks.K8S_VERSIONS)
+@pytest.mark.parametrize("mistake", BUILTIN_MISTAKES)
+def test_the_api_schema_refuses_a_broken_job(mistake: str, version: str) -> None:
+    job = _documents("k8s-cpu")[3]
+    kube_checks.validate_builtin(job, version)  # the control: unbroken, it passes
+    path, value, message = BUILTIN_MISTAKES[mistake]
+    with pytest.raises(kubernetes_validate.ValidationError, match=re.escape(message)):
+        kube_checks.validate_builtin(_set(job, path, value), version)
+
+
+def test_an_unknown_kind_is_an_error_not_a_pass() -> None:
+    with pytest.raises(kubernetes_validate.utils.SchemaNotFoundError):
+        kube_checks.validate_builtin({**_documents("k8s-cpu")[3], "kind": "Jobs"}, kube_checks.K8S_VERSIONS[-1])
+
+
+MASTER = "spec.pytorchReplicaSpecs.Master"
+CRD_MISTAKES = {
+    "wrong type": ("spec.elasticPolicy.maxRestarts", "3", "'3' is not of type 'integer'"),
+    "missing required field": ("spec.pytorchReplicaSpecs", None, "'pytorchReplicaSpecs' is a required property"),
+    "unknown field": ("spec.elasticPolicy.rdzvBackends", "c10d", "'rdzvBackends' was unexpected"),
+    "wrong type in the pod": (f"{MASTER}.template.spec.containers[0].ports[0].containerPort", "1", "'1' is not of"),
+    "duplicate container port": (
+        f"{MASTER}.template.spec.containers[0].ports[1]",
+        {"name": "again", "containerPort": 29500, "protocol": "TCP"},
+        "duplicate entry for keys ['containerPort', 'protocol']",
+    ),
+}
+
+
+@pytest.mark.parametrize("mistake", CRD_MISTAKES)
+def test_the_crd_schema_refuses_a_broken_pytorchjob(mistake: str, crd) -> None:
+    job = _documents("pytorchjob-cpu")[1]
+    assert list(crd.iter_errors(job)) == []  # the control: unbroken, it passes
+    path, value, message = CRD_MISTAKES[mistake]
+    assert message in " ".join(e.message for e in crd.iter_errors(_set(job, path, value)))
+
+
+POLICY_MISTAKES = {
+    "privileged": ("containers[0].securityContext.privileged", True, "privileged"),
+    "root": ("securityContext.runAsUser", 0, "runAsUser 0"),
+    "escalation allowed": ("containers[0].securityContext.allowPrivilegeEscalation", None, "allowPrivilegeEscalation"),
+    "capability added": ("containers[0].securityContext.capabilities.add", ["SYS_ADMIN"], "capabilities"),
+    "host path": ("volumes[1]", {"name": "tmp", "hostPath": {"path": "/tmp"}}, "hostPath"),
+    "host network": ("hostNetwork", True, "hostNetwork"),
+    "seccomp unconfined": ("securityContext.seccompProfile.type", "Unconfined", "seccompProfile Unconfined"),
+    "writable root": ("containers[0].securityContext.readOnlyRootFilesystem", False, "root file system"),
+}
+
+
+@pytest.mark.parametrize("mistake", POLICY_MISTAKES)
+def test_the_pod_security_check_refuses_a_weakened_pod(mistake: str) -> None:
+    pod = _documents("k8s-gpu")[3]["spec"]["template"]["spec"]
+    assert kube_checks.restricted_violations(pod) == []  # the control
+    path, value, message = POLICY_MISTAKES[mistake]
+    assert message in " ".join(kube_checks.restricted_violations(_set(pod, path, value)))
+
+
+def test_kubectl_reads_the_file_as_yaml_documents() -> None:
+    """kubectl takes a file whose first character is ``{`` for one JSON stream, which ``---`` breaks."""
+    text = (GOLDEN / "k8s-cpu.yaml.golden").read_text()
+    assert text.lstrip()[0] == "#" and text.count("\n---\n") == 4
+    assert not any(line.startswith("---") for doc in text.split("\n---\n")[1:] for line in doc.splitlines())
+
+
+def test_torchrun_parses_the_rendered_arguments() -> None:
+    from torch.distributed.run import get_args_parser
+
+    config = _documents("k8s-gpu")[0]
+    args = get_args_parser().parse_args([*config["data"]["torchrun.args"].split(), "-m", "app", "check"])
+    assert (args.nnodes, args.nproc_per_node, args.max_restarts) == ("3", "4", 3)
+    assert args.rdzv_endpoint == "llm-0.llm.ml.svc.cluster.local:29500" and args.rdzv_backend == "c10d"
+
+
+def test_torchrun_reads_the_pytorchjob_as_the_training_operator_passes_it(monkeypatch) -> None:
+    """The operator (kubeflow/training-operator release-1.9, pkg/controller.v1/pytorch/elastic.go and
+    envvar.go) gives torchrun its settings as PET_* variables; no operator runs here, so they are
+    derived from the PyTorchJob by the same rules."""
+    from torch.distributed.run import get_args_parser
+
+    job = _documents("pytorchjob-gpu")[1]["spec"]
+    elastic = job["elasticPolicy"]
+    env = {
+        "PET_RDZV_ENDPOINT": f"{elastic['rdzvHost']}:{elastic['rdzvPort']}",
+        "PET_RDZV_BACKEND": elastic["rdzvBackend"],
+        "PET_NNODES": f"{elastic['minReplicas']}:{elastic['maxReplicas']}",
+        "PET_MAX_RESTARTS": str(elastic["maxRestarts"]),
+        "PET_RDZV_ID": elastic["rdzvId"],
+        "PET_RDZV_CONF": ",".join(f"{c['key']}={c['value']}" for c in elastic["rdzvConf"]),
+        "PET_NPROC_PER_NODE": job["nprocPerNode"],
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    command = job["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
+    assert command[0] == "torchrun"
+    args = get_args_parser().parse_args(command[1:])
+    assert (args.nnodes, args.nproc_per_node, args.max_restarts, args.rdzv_backend) == ("3:3", "4", 3, "c10d")
+    assert (args.rdzv_endpoint, args.rdzv_id, args.rdzv_conf) == ("llm-master-0:29500", "llm", "join_timeout=120")
+    assert args.training_script == "app" and args.module
+
+
+def test_the_job_is_consistent_with_the_spec() -> None:
+    spec = build({"nodes": {"nodes": 3}, "rendezvous": {"max_restarts": 2}, "job": {"time_limit": 600}})
+    job = kube.indexed_job(spec)["spec"]
+    assert (job["completions"], job["parallelism"], job["backoffLimit"], job["activeDeadlineSeconds"]) == (3, 3, 2, 600)
+    pod = job["template"]["spec"]
+    assert pod["subdomain"] == kube.service(spec)["metadata"]["name"] == "ddp-cluster"
+    assert kube.service(spec)["spec"]["selector"].items() <= job["template"]["metadata"]["labels"].items()
+    assert "nvidia.com/gpu" not in pod["containers"][0]["resources"]["limits"] and "tolerations" not in pod
+    elastic = kube.pytorch_job(spec)["spec"]["elasticPolicy"]
+    assert (elastic["minReplicas"], elastic["maxReplicas"], elastic["maxRestarts"]) == (3, 3, 2)
+
+
+def test_the_pods_run_as_the_images_user() -> None:
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    assert f"ARG APP_UID={kube.APP_UID}\n" in dockerfile
+
+
+def test_rendering_never_imports_torch_or_yaml() -> None:
+    probe = (
+        "import sys, app.cli as c\n"
+        "for f in ('k8s', 'pytorchjob'): c.main(['topology', '--format', f])\n"
+        "print('torch' in sys.modules, 'yaml' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.splitlines()[-1] == "False False"
+
+
+@pytest.mark.parametrize(
+    ("tables", "message"),
+    [
+        ({"kubernetes": {"namespace": "ML"}}, "--namespace 'ML' must be a DNS label"),
+        ({"kubernetes": {"results_claim": "my_claim"}}, "--results-claim 'my_claim' must be a DNS name"),
+        ({"kubernetes": {"cluster_domain": "cluster..local"}}, "--cluster-domain"),
+        ({"kubernetes": {"cpu_request": "2 cores"}}, "--cpu-request '2 cores' is not a Kubernetes quantity"),
+        ({"kubernetes": {"cpu_request": "0"}}, "--cpu-request 0 is below 1m"),
+        ({"kubernetes": {"memory_limit": "4GB"}}, "--memory-limit '4GB' is not a Kubernetes quantity"),
+        ({"kubernetes": {"memory_limit": "2Gi"}}, "--memory-limit 2Gi is below --memory-request 4Gi"),
+        ({"kubernetes": {"cpu_request": "4"}}, "--cpu-limit 2 is below --cpu-request 4"),
+        ({"kubernetes": {"memory_request": "4", "memory_limit": "4"}}, "give a unit, e.g. 4Gi"),
+        ({"kubernetes": {"shm_size": "8Gi"}}, "--shm-size 8Gi exceeds --memory-limit 4Gi"),
+        ({"kubernetes": {"cpu_limit": 2}}, "kubernetes.cpu_limit = 2 must be a string"),
+    ],
+)
+def test_bad_kubernetes_fields_are_one_line_errors(tables: dict, message: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        build(tables)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--hosts", "a:2,b:2", "--format", "k8s"), "give --nodes, not --hosts"),
+        (("--launcher", "mpirun", "--format", "k8s"), "--launcher mpirun: the Kubernetes manifests run torchrun"),
+        (("--script", "cluster/jobs/minimal_ddp.py", "--format", "k8s"), "--script is not shipped into pods"),
+        (("--name", "1st", "--format", "k8s"), "must start with a letter"),
+        (("--nodes", "1", "--format", "pytorchjob"), "needs --nodes 2 or more"),
+        (("--memory-limit", "1Gi", "--format", "k8s"), "--memory-limit 1Gi is below --memory-request 4Gi"),
+    ],
+)
+def test_cli_refuses_what_kubernetes_cannot_run(args: tuple[str, ...], message: str) -> None:
+    done = _topology(*args)
+    assert done.returncode == 2 and message in done.stderr and done.stderr.count("\n") == 1, done.stderr
