@@ -47,7 +47,7 @@ def test_an_unresolvable_name_fails_with_the_resolvers_reason() -> None:
 
 
 def test_a_resolver_that_hangs_is_abandoned_after_the_timeout(monkeypatch) -> None:
-    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: time.sleep(30))
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: time.sleep(30) or [])
     with pytest.raises(network.Unresolved, match=r"no answer from the resolver within 0\.2s"):
         network.resolve("slow.example", 0.2)
 
