@@ -11,14 +11,21 @@ disjoint pairs (the circle method): N-1 rounds for an even number of nodes, N ro
 number, where each round one node has a bye. In each round both directions of each pair are
 measured, one after the other, all pairs of the round at once:
 
-  latency     half the round trip of an 8-byte ping-pong that the sender starts (us), best of 20
-  bandwidth   --bytes sent and acknowledged (GB/s, 1e9 bytes), best of --iters after --warmup (others'
-              traffic only slows a transfer down, so the best is the link's own speed)
+  latency     half the round trip of an 8-byte ping-pong that the sender starts (us)
+  bandwidth   --bytes sent and acknowledged (GB/s, 1e9 bytes)
+
+The whole schedule runs --iters times; each time every link makes 4 ping-pongs, --warmup untimed
+transfers (a connection idle since the last visit starts slowly) and one timed transfer, and the
+best of each counts: other traffic only slows a transfer down, and spread over the run it cannot
+spoil all of a link's samples.
 
 Rank 0 prints the N x N tables (rows: sender, columns: receiver, names: host names) and the
-verdict. A link is slow when its bandwidth is below median - k x max(1.4826 x MAD, 0.1 x median)
-over all links (MAD: median absolute deviation; --k, default 3; 1.4826 x MAD estimates the
-standard deviation of normal noise; the 10% floor keeps steady fast links from flagging noise). A
+verdict. The rule works on the logarithm of bandwidth, since a slow link is slow by a factor and
+the noise of a transfer is a fraction of it: a link is slow when its bandwidth is below
+median / s^k, with s = max(exp(1.4826 x MAD of ln bandwidth), 1.25) over all links (median:
+the geometric one; MAD: median absolute deviation; 1.4826 x MAD estimates the standard deviation
+of normal noise; --k, default 3, so a link is slow below half the median at the least; the floor
+1.25 keeps steady links from flagging small differences). A
 node is named when all its links in one direction are slow (it sends or receives slowly); a link
 is named when it is slow and no named node explains it. The rule needs 3 or more nodes: with 2
 nodes only --fail-below judges. The rule holds while fewer than half the links are slow.
@@ -35,7 +42,8 @@ JSON (--json PATH; rank 0 writes it; keys are stable, new keys may be added):
   rounds             the schedule: per round, its pairs [a, b] of node indices (both directions run)
   bandwidth_gbps     N x N, [sender][receiver], null on the diagonal
   latency_us         N x N, likewise
-  median_gbps, mad_gbps, threshold_gbps   the rule's figures (threshold null with fewer than 3 nodes)
+  median_gbps, mad_log, spread, threshold_gbps   the rule's figures: median, MAD of ln bandwidth, s
+                     and median / s^k (spread and threshold null with fewer than 3 nodes)
   slow_nodes         [{"node", "direction": "send" | "receive" | "both"}]
   slow_links         [{"src", "dst", "gbps"}]: slow links that no named node explains
   below_fail         [{"src", "dst", "gbps"}]: links below fail_below x median
@@ -44,6 +52,7 @@ JSON (--json PATH; rank 0 writes it; keys are stable, new keys may be added):
 
 import argparse
 import json
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -54,17 +63,17 @@ import torch.distributed as dist
 from app.atomic import atomic_write_text
 from app.errors import ClusterError, UsageError, first_line
 from app.platform import launcher, plots
-from app.platform.comm import format_size, parse_size, synchronize
+from app.platform.collectives import format_size, parse_size, synchronize
 from app.platform.distributed import DistContext, add_dist_arguments, dist_config_from_args, process_group
 
 SCHEMA = "ddp-cluster/links/1"
 MAD_SCALE = 1.4826
 """MAD x this estimates the standard deviation of normally distributed noise."""
-MIN_SPREAD = 0.1
-"""The spread of the rule is at least this fraction of the median."""
+MIN_SPREAD = 1.25
+"""s, the factor per k of the rule, is at least this."""
 LATENCY_BYTES = 8
-PINGS = 20
-"""Ping-pongs per link for the latency; the best counts (they are cheap, and fewer are noisy)."""
+PINGS_PER_VISIT = 4
+"""Ping-pongs per link at each of its --iters visits; the best of all counts."""
 
 
 @dataclass(frozen=True)
@@ -76,9 +85,9 @@ class LinksConfig:
     iters: int = 5
     """Timed transfers per link; the best counts."""
     warmup: int = 1
-    """Untimed transfers per link first."""
+    """Untimed transfers before each timed one."""
     k: float = 3.0
-    """A link is slow below median - k x max(1.4826 x MAD, 0.1 x median)."""
+    """A link is slow below median / s^k (the module docstring says what s is)."""
     fail_below: float | None = None
     """Exit status 1 when a link is below this fraction of the median."""
 
@@ -127,8 +136,13 @@ class Verdict:
     """What the outlier rule found in a bandwidth matrix."""
 
     median: float
-    mad: float
+    """Geometric median of the links' bandwidth."""
+    mad_log: float
+    """Median absolute deviation of ln bandwidth."""
+    spread: float | None
+    """s: max(exp(1.4826 x mad_log), 1.25); None with fewer than 3 nodes."""
     threshold: float | None
+    """median / s^k: below it a link is slow."""
     slow_nodes: list[tuple[int, str]]
     """(node, "send" | "receive" | "both")."""
     slow_links: list[tuple[int, int]]
@@ -145,11 +159,13 @@ def judge(matrix: list[list[float | None]], k: float) -> Verdict:
     links = off_diagonal(matrix)
     n = len(matrix)
     values = list(links.values())
-    median = statistics.median(values) if values else 0.0
-    mad = statistics.median(abs(v - median) for v in values) if values else 0.0
+    logs = [math.log(max(v, 1e-12)) for v in values] or [0.0]
+    center = statistics.median(logs)
+    mad_log = statistics.median(abs(x - center) for x in logs)
     if n < 3:
-        return Verdict(median, mad, None, [], [])
-    threshold = median - k * max(MAD_SCALE * mad, MIN_SPREAD * median)
+        return Verdict(math.exp(center), mad_log, None, None, [], [])
+    spread = max(math.exp(MAD_SCALE * mad_log), MIN_SPREAD)
+    threshold = math.exp(center) / spread**k
     slow = {link for link, v in links.items() if v < threshold}
     nodes = []
     for node in range(n):
@@ -162,7 +178,8 @@ def judge(matrix: list[list[float | None]], k: float) -> Verdict:
     def explained(src: int, dst: int) -> bool:
         return named.get(src) in ("send", "both") or named.get(dst) in ("receive", "both")
 
-    return Verdict(median, mad, threshold, nodes, sorted(link for link in slow if not explained(*link)))
+    slow_links = sorted(link for link in slow if not explained(*link))
+    return Verdict(math.exp(center), mad_log, spread, threshold, nodes, slow_links)
 
 
 def below(matrix: list[list[float | None]], median: float, fraction: float | None) -> list[tuple[int, int]]:
@@ -206,32 +223,38 @@ class _Link:
         synchronize(self.device)
         return time.perf_counter() - start
 
-    def measure(self, peer: int, sender: bool) -> tuple[float, float]:
-        """(GB/s, latency us) of the link from the sender to the receiver: the best transfer and ping."""
-        pings = [self._round_trip(self.small, peer, sender) for _ in range(PINGS)]
-        for _ in range(self.cfg.warmup):
+    def sample(self, peer: int, sender: bool, warmup: int) -> tuple[float, float]:
+        """One visit of the link: (best ping round trip, one transfer), seconds, after ``warmup`` transfers."""
+        ping = min(self._round_trip(self.small, peer, sender) for _ in range(PINGS_PER_VISIT))
+        for _ in range(warmup):
             self._round_trip(self.data, peer, sender)
-        transfers = [self._round_trip(self.data, peer, sender) for _ in range(self.cfg.iters)]
-        return self.cfg.nbytes / min(transfers) / 1e9, min(pings) / 2 * 1e6
+        return ping, self._round_trip(self.data, peer, sender)
 
 
 def measure_links(ctx: DistContext, cfg: LinksConfig, nodes: list[int], rounds) -> dict[tuple[int, int], tuple]:
-    """This rank's share: {(sender node, receiver node): (GB/s, latency us)} for the links it sent on."""
+    """This rank's share: {(sender node, receiver node): (GB/s, latency us)} for the links it sent on.
+
+    The whole schedule runs --iters times, one transfer per link each time, so a link's samples
+    are spread over the run and a burst of other traffic cannot spoil all of them.
+    """
     group = dist.new_group(ranks=nodes)  # every rank must call it, also those not in the group
     if ctx.proc.rank not in nodes:
         return {}
     me = nodes.index(ctx.proc.rank)
     link = _Link(ctx, cfg, group)
-    found = {}
-    for pairs in directed(rounds):
-        for src, dst in pairs:
-            if me in (src, dst):
+    samples: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for _ in range(cfg.iters):
+        for pairs in directed(rounds):
+            for src, dst in (pair for pair in pairs if me in pair):
                 sender = me == src
-                result = link.measure(nodes[dst] if sender else nodes[src], sender)
+                sample = link.sample(nodes[dst] if sender else nodes[src], sender, cfg.warmup)
                 if sender:
-                    found[(src, dst)] = result
-        dist.barrier(group=group)
-    return found
+                    samples.setdefault((src, dst), []).append(sample)
+            dist.barrier(group=group)
+    return {
+        pair: (cfg.nbytes / min(t for _, t in got) / 1e9, min(p for p, _ in got) / 2 * 1e6)
+        for pair, got in samples.items()
+    }
 
 
 def _gather(ctx: DistContext, local: dict) -> list[dict]:
@@ -279,7 +302,8 @@ def build_report(ctx: DistContext, cfg: LinksConfig) -> dict:
         "bandwidth_gbps": bandwidth,
         "latency_us": latency,
         "median_gbps": verdict.median,
-        "mad_gbps": verdict.mad,
+        "mad_log": verdict.mad_log,
+        "spread": verdict.spread,
         "threshold_gbps": verdict.threshold,
         "slow_nodes": [{"node": names[i], "direction": d} for i, d in verdict.slow_nodes],
         "slow_links": [_link(names, bandwidth, src, dst) for src, dst in verdict.slow_links],
@@ -313,9 +337,9 @@ def format_verdict(report: dict) -> list[str]:
     if report["threshold_gbps"] is None:
         return [f"verdict: {n} nodes: the outlier rule needs 3 or more (use --fail-below to judge 2)"]
     lines = [
-        f"rule: a link is slow below median - k x max({MAD_SCALE} x MAD, {MIN_SPREAD:g} x median) = "
-        f"{report['median_gbps']:.3f} - {report['k']:g} x max({MAD_SCALE} x {report['mad_gbps']:.3f}, "
-        f"{MIN_SPREAD * report['median_gbps']:.3f}) = {report['threshold_gbps']:.3f} GB/s (k = {report['k']:g})"
+        f"rule: a link is slow below median / s^k = {report['median_gbps']:.3f} / {report['spread']:.3f}^"
+        f"{report['k']:g} = {report['threshold_gbps']:.3f} GB/s; s = max(e^({MAD_SCALE} x MAD of ln GB/s), "
+        f"{MIN_SPREAD:g}) = max(e^({MAD_SCALE} x {report['mad_log']:.3f}), {MIN_SPREAD:g}), k = {report['k']:g}"
     ]
     named = [f"node {s['node']} ({_direction(s['direction'])})" for s in report["slow_nodes"]]
     named += [f"link {s['src']} -> {s['dst']} ({s['gbps']:.3f} GB/s)" for s in report["slow_links"]]
@@ -371,12 +395,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--bytes", default=format_size(d.nbytes).replace(" ", ""), metavar="SIZE", help="bytes per transfer (16MiB)"
     )
     parser.add_argument("--iters", type=int, default=d.iters, help=f"timed transfers per link, best counts ({d.iters})")
-    parser.add_argument("--warmup", type=int, default=d.warmup, help=f"untimed transfers per link first ({d.warmup})")
+    parser.add_argument(
+        "--warmup", type=int, default=d.warmup, help=f"untimed transfers before each timed one ({d.warmup})"
+    )
     parser.add_argument(
         "--k",
         type=float,
         default=d.k,
-        help=f"slow below median - k x max({MAD_SCALE} x MAD, {MIN_SPREAD:g} x median) (default k = {d.k:g})",
+        help=f"a link is slow below median / s^k, s = max(e^({MAD_SCALE} x MAD of ln GB/s), {MIN_SPREAD:g})"
+        f" (default k = {d.k:g})",
     )
     parser.add_argument(
         "--fail-below", type=float, metavar="FRACTION", help="exit status 1 when a link is below FRACTION x median"

@@ -3,7 +3,7 @@
     python -m tests.integration.measure_worker [--corrupt-rank R] [--ranks-per-host N]
         [--slow-sender R --delay S] <app command and flags>
 
---corrupt-rank R: rank R's fill function (app.platform.comm.rank_data) returns one wrong element,
+--corrupt-rank R: rank R's fill function (app.platform.collectives.rank_data) returns one wrong element,
     so the sweep must count it (#wrong > 0) and fail.
 --ranks-per-host N: every N consecutive ranks pose as one host (node0, node1, ...), so ``app
     links`` sees several nodes on one machine.
@@ -16,11 +16,11 @@ import sys
 import time
 
 from app import cli
-from app.platform import comm, launcher, links
+from app.platform import collectives, launcher, links
 
 
 def _corrupt(rank: int) -> None:
-    fill = comm.rank_data
+    fill = collectives.rank_data
 
     def wrong_fill(sender, numel, modulus, dtype, device):
         data = fill(sender, numel, modulus, dtype, device)
@@ -28,7 +28,7 @@ def _corrupt(rank: int) -> None:
             data[0] += 1
         return data
 
-    comm.rank_data = wrong_fill
+    collectives.rank_data = wrong_fill
 
 
 def _pose_as_hosts(per_host: int, rank: int) -> None:
