@@ -492,13 +492,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ops", default=",".join(d.ops), help=f"comma-separated collectives (default: {','.join(OPS)})"
     )
     parser.add_argument(
-        "--min-bytes", default=str(d.min_bytes), metavar="SIZE", help="smallest size, e.g. 8, 1K (default 8)"
+        "--min-bytes",
+        default=str(d.min_bytes),
+        metavar="SIZE",
+        help=f"smallest size, e.g. 8, 1K (default {format_size(d.min_bytes)})",
     )
     parser.add_argument(
         "--max-bytes",
         default=format_size(d.max_bytes).replace(" ", ""),
         metavar="SIZE",
-        help="largest size, e.g. 64M, 1G (default 64MiB)",
+        help=f"largest size, e.g. 64M, 1G (default {format_size(d.max_bytes)})",
     )
     parser.add_argument(
         "--step-factor",

@@ -22,13 +22,14 @@ spoil all of a link's samples.
 Rank 0 prints the N x N tables (rows: sender, columns: receiver, names: host names) and the
 verdict. The rule works on the logarithm of bandwidth, since a slow link is slow by a factor and
 the noise of a transfer is a fraction of it: a link is slow when its bandwidth is below
-median / s^k, with s = max(exp(1.4826 x MAD of ln bandwidth), 1.25) over all links (median:
-the geometric one; MAD: median absolute deviation; 1.4826 x MAD estimates the standard deviation
-of normal noise; --k, default 3, so a link is slow below half the median at the least; the floor
-1.25 keeps steady links from flagging small differences). A
-node is named when all its links in one direction are slow (it sends or receives slowly); a link
-is named when it is slow and no named node explains it. The rule needs 3 or more nodes: with 2
-nodes only --fail-below judges. The rule holds while fewer than half the links are slow.
+median / s^k, with s = max(exp(1.4826 x MAD of ln bandwidth), 1.25) over all links (median: the
+geometric one; MAD: median absolute deviation; 1.4826 x MAD estimates the standard deviation of
+normal noise; --k, default 3). The floor 1.25 keeps steady links from flagging small differences:
+with k = 3 a link is slow only below median / 1.95, about half the median, or lower where the
+links are noisy. A node is named when all its links in one direction are slow (it sends or
+receives slowly); a link is named when it is slow and no named node explains it. The rule needs
+3 or more nodes (with 2 only --fail-below judges) and holds while fewer than half the links are
+slow; with 3 nodes one noisy link besides a slow node can hide it, so use 4 or more where you can.
 
 --fail-below FRACTION: exit status 1 when any link's bandwidth is below FRACTION x the median
 (the error line names them); without it the verdict is reported and the exit status is 0.
@@ -363,7 +364,7 @@ def format_report(report: dict) -> str:
         f"ddp-cluster links: {n} nodes ({', '.join(names)}), one rank each, backend {report['backend']}, "
         f"launcher {report['launcher']}",
         f"schedule: round-robin, {schedule}; both directions per pair; {format_size(report['bytes'])} transfers, "
-        f"best of {report['iters']} after {report['warmup']} warm-up",
+        f"best of {report['iters']} visits, {report['warmup']} warm-up transfer(s) before each",
         "",
         format_matrix("bandwidth (GB/s)", names, report["bandwidth_gbps"], ".3f"),
         "",
@@ -392,7 +393,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m app links``."""
     d = DEFAULTS
     parser.add_argument(
-        "--bytes", default=format_size(d.nbytes).replace(" ", ""), metavar="SIZE", help="bytes per transfer (16MiB)"
+        "--bytes",
+        default=format_size(d.nbytes).replace(" ", ""),
+        metavar="SIZE",
+        help=f"bytes per transfer ({format_size(d.nbytes)})",
     )
     parser.add_argument("--iters", type=int, default=d.iters, help=f"timed transfers per link, best counts ({d.iters})")
     parser.add_argument(
