@@ -97,12 +97,14 @@ def test_check_off_and_plot(tmp_path) -> None:
 
 
 def test_links_on_ranks_posing_as_nodes_names_the_slow_sender(tmp_path) -> None:
-    # 4 ranks pose as 4 hosts; rank 1 sleeps 0.1 s before each transfer it sends: 10 MB/s, hundreds
-    # of times slower than loopback, clear of a busy machine's noise. (3 nodes, an odd number, run
-    # in the container test; here the links right after the slow ones can read low, so 4.)
+    # 4 ranks pose as 4 hosts; rank 1 sleeps 0.25 s before each 256 KiB transfer it sends: 1 MB/s,
+    # about 1000 times slower than loopback, clear of a busy machine's noise (healthy links 10x
+    # apart widen the rule to median / 80). 3 nodes, an odd number, run in the container test;
+    # here the links right after the slow ones can read low, which 3 nodes do not outvote.
     png = tmp_path / "links.png"
-    args = ["--ranks-per-host", "1", "--slow-sender", "1", "--delay", "0.1", "links", "--bytes", "1M"]
-    args += ["--iters", "3", "--fail-below", "0.05", "--json", str(tmp_path / "l.json"), "--plot", str(png)]
+    args = ["--ranks-per-host", "1", "--slow-sender", "1", "--delay", "0.25", "links", "--bytes", "256K"]
+    args += ["--iters", "3", "--fail-below", "0.05", "--timeout", "60"]  # a stall fails in 60 s, naming where
+    args += ["--json", str(tmp_path / "l.json"), "--plot", str(png)]
     results = run_ranks(4, args, tmp_path, module=WORKER)
     rank0 = results[0]
     assert rank0.returncode == 1, rank0.stderr[-3000:]
@@ -118,7 +120,8 @@ def test_links_on_ranks_posing_as_nodes_names_the_slow_sender(tmp_path) -> None:
 
 def test_links_without_a_slow_node_names_none(tmp_path) -> None:
     # 4 ranks as 2 hosts x 2: the first rank of each host measures, the others wait.
-    args = ["--ranks-per-host", "2", "links", "--bytes", "1M", "--iters", "3", "--json", str(tmp_path / "l.json")]
+    args = ["--ranks-per-host", "2", "links", "--bytes", "1M", "--iters", "3", "--timeout", "60"]
+    args += ["--json", str(tmp_path / "l.json")]
     results = run_ranks(4, args, tmp_path, module=WORKER)
     assert [r.returncode for r in results] == [0, 0, 0, 0], results[0].stderr[-3000:]
     report = json.loads((tmp_path / "l.json").read_text())
