@@ -14,11 +14,11 @@ comm: venv ## Collective bandwidth sweep (app comm) on NPROC local ranks; table,
 
 .PHONY: cluster-comm
 cluster-comm: image-$(IMAGE_TAG) ## app comm across the mini-cluster's NODES x NPROC_PER_NODE ranks; results in RESULTS/comm/.
-	@$(CLUSTER_JOB) --job 'comm --json /results/comm/cluster.json --plot /results/comm/cluster.png $(COMM_ARGS)'
+	@$(call CLUSTER_RUN,up) --command 'comm --json /results/comm/cluster.json --plot /results/comm/cluster.png $(COMM_ARGS)'
 
 # One rank per container: the links are between containers.
 cluster-links: NODES = 3
 cluster-links: NPROC_PER_NODE = 1
 .PHONY: cluster-links
 cluster-links: image-$(IMAGE_TAG) ## app links between the mini-cluster's containers (3 x 1); names a slow one; RESULTS/links/.
-	@$(CLUSTER_JOB) --job 'links --json /results/links/links.json --plot /results/links/links.png $(LINKS_ARGS)'
+	@$(call CLUSTER_RUN,up) --command 'links --json /results/links/links.json --plot /results/links/links.png $(LINKS_ARGS)'

@@ -286,7 +286,7 @@ def _merge_senders(ctx: DistContext, rows: list[dict]) -> None:
 
 def _hosts(ctx: DistContext) -> list[str]:
     every: list = [None] * ctx.proc.world_size
-    dist.all_gather_object(every, launcher.hostname())
+    dist.all_gather_object(every, ctx.proc.host)
     return every
 
 
@@ -294,7 +294,7 @@ def _ceiling(ctx: DistContext) -> dict:
     """Rank 0's memory-copy bandwidth, measured while the other ranks wait."""
     gbps = memcpy_gbps(ctx.device) if ctx.proc.is_main else 0.0
     dist.barrier()
-    return {"host": launcher.hostname(), "device": str(ctx.device), "bytes": MEMCPY_BYTES, "gbps": gbps}
+    return {"host": ctx.proc.host, "device": str(ctx.device), "bytes": MEMCPY_BYTES, "gbps": gbps}
 
 
 def _baseline(ctx: DistContext, cfg: CommConfig, sweep: _Sweep, rows: list[dict]) -> dict | None:

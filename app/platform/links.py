@@ -266,7 +266,7 @@ def _gather(ctx: DistContext, local: dict) -> list[dict]:
 
 def build_report(ctx: DistContext, cfg: LinksConfig) -> dict:
     """Measure every link; rank 0's return value is the whole report."""
-    hosts = _gather(ctx, launcher.hostname())
+    hosts = _gather(ctx, ctx.proc.host)
     nodes = leaders(hosts)
     names = [hosts[r] for r in nodes]
     if len(nodes) < 2:

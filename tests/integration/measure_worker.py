@@ -12,6 +12,7 @@
 """
 
 import argparse
+import dataclasses
 import sys
 import time
 
@@ -31,8 +32,14 @@ def _corrupt(rank: int) -> None:
     collectives.rank_data = wrong_fill
 
 
-def _pose_as_hosts(per_host: int, rank: int) -> None:
-    launcher.hostname = lambda: f"node{rank // per_host}"
+def _pose_as_hosts(per_host: int) -> None:
+    detect = launcher.detect
+
+    def posing(*args, **kwargs):
+        info = detect(*args, **kwargs)
+        return dataclasses.replace(info, host=f"node{info.rank // per_host}")
+
+    launcher.detect = posing
 
 
 def _slow_sender(delay: float) -> None:
@@ -57,7 +64,7 @@ def main(argv: list[str]) -> int:
     if args.corrupt_rank is not None:
         _corrupt(args.corrupt_rank)
     if args.ranks_per_host:
-        _pose_as_hosts(args.ranks_per_host, rank)
+        _pose_as_hosts(args.ranks_per_host)
     if args.slow_sender == rank:
         _slow_sender(args.delay)
     return cli.main(rest)
