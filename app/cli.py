@@ -92,7 +92,7 @@ def _run(module, args: argparse.Namespace, log: logs.RunLog) -> int:
     except UsageError as error:
         return log.fail(str(error), 2)
     except ClusterError as error:
-        return log.fail(str(error), 1, error)
+        return log.fail(str(error), error.status, error)
     except KeyboardInterrupt:
         return log.fail("interrupted (SIGINT)", 130)
     except Exception as error:  # a bug, or a backend error no command expected: one line, the traceback in the log

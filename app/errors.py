@@ -8,7 +8,12 @@ class UsageError(Exception):
 
 
 class ClusterError(Exception):
-    """The cluster misbehaved (rendezvous timed out, a collective failed): exit status 1."""
+    """The cluster misbehaved (rendezvous timed out, a collective failed): exit status 1, or the
+    failed job's own status where one is known (a cluster job that ended with 137, say)."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def first_line(error: BaseException) -> str:
