@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from app.errors import ClusterError, UsageError
+from app.errors import exit_status_of
 
 # name -> (module, one-line summary). Modules load only when their command runs, so commands that
 # need no torch (topology, deploy) start fast on machines without it.
@@ -72,13 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser, module = build_parser(name)
     args = parser.parse_args(rest)
     try:
-        return int(module.run(args))
-    except UsageError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except ClusterError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+        return exit_status_of(lambda: module.run(args))
     finally:
         release_process_groups()
 

@@ -1,6 +1,8 @@
 """Errors that the command line turns into a one-line message and exit status 2."""
 
 import re
+import sys
+from collections.abc import Callable
 
 
 class UsageError(Exception):
@@ -9,6 +11,18 @@ class UsageError(Exception):
 
 class ClusterError(Exception):
     """The cluster misbehaved (rendezvous timed out, a collective failed): exit status 1."""
+
+
+def exit_status_of(action: Callable[[], int]) -> int:
+    """Run ``action``: its status, or one line on stderr and 2 for a UsageError, 1 for a ClusterError."""
+    try:
+        return int(action())
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except ClusterError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
 
 
 def first_line(error: BaseException) -> str:
