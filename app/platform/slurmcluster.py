@@ -10,6 +10,7 @@ SLURM_JOB_NODELIST holds names that every node can reach. Each node offers
 nproc_per_node x cpus_per_rank CPUs; its memory is not scheduled (``CR_CPU``).
 """
 
+import hashlib
 import json
 
 from app.errors import UsageError
@@ -52,13 +53,18 @@ def check(spec: ClusterSpec) -> None:
 
 
 def compose_env(spec: ClusterSpec, image: str) -> dict[str, str]:
-    """The variables cluster/slurm/compose.yaml reads (the driver runs compose with them)."""
+    """The variables cluster/slurm/compose.yaml reads (the driver runs compose with them).
+
+    SLURM_CONF_DIGEST changes with slurm.conf, so that `up` with another shape recreates the
+    daemons (they read slurm.conf once) and leaves a cluster of the same shape as it is.
+    """
     check(spec)
     return {
         "COMPOSE_PROJECT_NAME": project(spec),
         "SLURM_IMAGE": image,
         "NODES": str(spec.nodes.nodes),
         "CLUSTER_SPEC": json.dumps(spec.as_dict(), separators=(",", ":")),
+        "SLURM_CONF_DIGEST": hashlib.sha256(slurm_conf(spec).encode()).hexdigest()[:16],
     }
 
 
@@ -91,6 +97,8 @@ def slurm_conf(spec: ClusterSpec) -> str:
         # Limits are the node's own (raising the submitter's would need CAP_SYS_RESOURCE).
         "PropagateResourceLimits": "NONE",
         "ReturnToService": "2",
+        # sbatch refuses a job larger than the partition, rather than queueing it for ever.
+        "EnforcePartLimits": "ALL",
         "SlurmdTimeout": "60",
         "InactiveLimit": "0",
         "KillWait": "10",

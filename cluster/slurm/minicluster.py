@@ -103,8 +103,11 @@ def up(mc: MiniCluster) -> int:
     wait = ["--wait", "--wait-timeout", str(UP_TIMEOUT_S)]
     proc = mc.compose("up", "--detach", *wait, timeout=UP_TIMEOUT_S + 60, check=False)
     if proc.returncode != 0:
-        logs = mc.compose("logs", "--no-color", "--tail", "5", check=False).stdout
-        raise ClusterError(f"{mc.project} did not come up:\n{logs}{proc.stderr.strip()}\nremove it: make slurm-down")
+        print(mc.compose("logs", "--no-color", "--tail", "5", check=False).stdout, end="")
+        why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        raise ClusterError(
+            f"{mc.project} did not come up ({why}): make slurm-logs shows why; make slurm-down removes it"
+        )
     mc.attach()
     _say(
         f"{mc.project} is up in {time.monotonic() - start:.0f}s: controller {slurmcluster.CONTROLLER}, "
@@ -130,7 +133,7 @@ def down(mc: MiniCluster) -> int:
 
 def status(mc: MiniCluster) -> int:
     mc.attach()
-    print(mc.run("sinfo").stdout + mc.run("squeue").stdout, end="")
+    print(mc.run("sinfo", "--Node", "--long").stdout + mc.run("squeue").stdout, end="")
     return 0
 
 
@@ -181,7 +184,8 @@ def _submit(mc: MiniCluster, spec: ClusterSpec) -> tuple[str, str]:
     mc.run("sh", "-c", 'cat > "$1"', "sh", path, stdin=text)
     proc = mc.run("sbatch", "--parsable", path, check=False)
     if proc.returncode != 0:
-        raise UsageError(f"sbatch refused {path}: {proc.stderr.strip().splitlines()[-1]}")
+        refusal = proc.stderr.strip().splitlines()[-1].removeprefix("sbatch: error: ")
+        raise UsageError(f"sbatch refused {path}: {refusal} (make slurm-status shows the nodes and their CPUs)")
     return proc.stdout.strip().split(";")[0], path
 
 
@@ -222,6 +226,7 @@ def _error_line(mc: MiniCluster, path: str) -> str:
 
 def job(mc: MiniCluster, results: Path) -> int:
     """Submit the spec's job, stream its output until it ends, report, and return its exit status."""
+    slurm.check(mc.spec)
     mc.attach()
     job_id, script = _submit(mc, mc.spec)
     style = mc.spec.job.launcher
@@ -237,7 +242,8 @@ def job(mc: MiniCluster, results: Path) -> int:
             if fields.get("JobState") != state:
                 state = fields.get("JobState", "")
                 where = f" on {fields['NodeList']}" if fields.get("NodeList") not in (None, "", "(null)") else ""
-                _say(f"job {job_id} {state}{where}")
+                why = f" ({fields['Reason']})" if state == "PENDING" and fields.get("Reason", "None") != "None" else ""
+                _say(f"job {job_id} {state}{where}{why}")
             shown = _stream(mc, fields.get("StdOut", ""), shown)
             if state not in DONE:
                 time.sleep(POLL_S)
