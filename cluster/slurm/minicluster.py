@@ -224,44 +224,56 @@ def _error_line(mc: MiniCluster, path: str) -> str:
     return next((line.strip() for line in text.splitlines() if "error:" in line), "")
 
 
-def job(mc: MiniCluster, results: Path) -> int:
-    """Submit the spec's job, stream its output until it ends, report, and return its exit status."""
-    slurm.check(mc.spec)
-    mc.attach()
-    job_id, script = _submit(mc, mc.spec)
-    style = mc.spec.job.launcher
-    _say(f"submitted job {job_id} ({style} style, {mc.spec.nodes.nodes} x {mc.spec.nodes.nproc_per_node}): {script}")
+def _wait(mc: MiniCluster, job_id: str) -> dict[str, str]:
+    """Follow the job until it ends (its state changes and its output as they come); its last fields."""
     deadline = time.monotonic() + mc.spec.job.time_limit + GRACE_S
-    start, state, shown, fields = time.monotonic(), "", 0, {}
-    try:
-        while state not in DONE:
-            if time.monotonic() > deadline:
-                mc.run("scancel", job_id, check=False)
-                raise ClusterError(f"job {job_id} still {state} past its time limit: cancelled it")
-            fields = _show(mc, job_id)
-            if fields.get("JobState") != state:
-                state = fields.get("JobState", "")
-                where = f" on {fields['NodeList']}" if fields.get("NodeList") not in (None, "", "(null)") else ""
-                why = f" ({fields['Reason']})" if state == "PENDING" and fields.get("Reason", "None") != "None" else ""
-                _say(f"job {job_id} {state}{where}{why}")
-            shown = _stream(mc, fields.get("StdOut", ""), shown)
-            if state not in DONE:
-                time.sleep(POLL_S)
-    except KeyboardInterrupt:
-        _say(f"stopped waiting; job {job_id} goes on: make slurm-status, make slurm-cancel SLURM_JOBID={job_id}")
-        return 130
-    elapsed = time.monotonic() - start
-    _summary(mc, script)
-    _copy_results(mc, results)
-    status = exit_status(fields)
+    state, shown, fields = "", 0, {}
+    while state not in DONE:
+        if time.monotonic() > deadline:
+            mc.run("scancel", job_id, check=False)
+            raise ClusterError(f"job {job_id} still {state} past its time limit: cancelled it")
+        fields = _show(mc, job_id)
+        if fields.get("JobState") != state:
+            state = fields.get("JobState", "")
+            where = f" on {fields['NodeList']}" if fields.get("NodeList") not in (None, "", "(null)") else ""
+            why = f" ({fields['Reason']})" if state == "PENDING" and fields.get("Reason", "None") != "None" else ""
+            _say(f"job {job_id} {state}{where}{why}")
+        shown = _stream(mc, fields.get("StdOut", ""), shown)
+        if state not in DONE:
+            time.sleep(POLL_S)
+    return fields
+
+
+def _report(mc: MiniCluster, job_id: str, fields: dict[str, str], seconds: float) -> int:
+    """Say how the job ended (why, when it did not complete); its exit status."""
+    state, status = fields.get("JobState"), exit_status(fields)
     if state != "COMPLETED":
         reason = f"ExitCode={fields.get('ExitCode')} Reason={fields.get('Reason')}"
         _say(f"job {job_id} {state}: {reason} (scontrol show job; no slurmdbd here, so no sacct)")
         line = _error_line(mc, fields.get("StdOut", ""))
         if line:
             print(line, file=sys.stderr)
-    _say(f"job {job_id} {state}, exit status {status} after {elapsed:.0f}s; output {fields.get('StdOut')}")
+    _say(f"job {job_id} {state}, exit status {status} after {seconds:.0f}s; output {fields.get('StdOut')}")
     return status
+
+
+def job(mc: MiniCluster, results: Path) -> int:
+    """Submit the spec's job, stream its output until it ends, report, and return its exit status."""
+    slurm.check(mc.spec)
+    mc.attach()
+    job_id, script = _submit(mc, mc.spec)
+    shape = f"{mc.spec.nodes.nodes} x {mc.spec.nodes.nproc_per_node}"
+    _say(f"submitted job {job_id} ({mc.spec.job.launcher} style, {shape}): {script}")
+    start = time.monotonic()
+    try:
+        fields = _wait(mc, job_id)
+    except KeyboardInterrupt:
+        _say(f"stopped waiting; job {job_id} goes on: make slurm-status, make slurm-cancel SLURM_JOBID={job_id}")
+        return 130
+    seconds = time.monotonic() - start
+    _summary(mc, script)
+    _copy_results(mc, results)
+    return _report(mc, job_id, fields, seconds)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -116,3 +116,29 @@ def test_mini_cluster_node_names_match_the_node_line() -> None:
     assert "NodeName=t-slurm-node-[1-2] CPUs=2 " in slurmcluster.slurm_conf(two)
     one = spec.build({"job": {"name": "t"}, "nodes": {"nodes": 1}})
     assert "NodeName=t-slurm-node-1 CPUs=2 " in slurmcluster.slurm_conf(one)
+
+
+SCONTROL = (
+    "JobId=3 JobName=slx UserId=app(1000) GroupId=app(1000) MCS_label=N/A Priority=1 Nice=0 Account=(null) "
+    "QOS=(null) JobState=FAILED Reason=NonZeroExitCode Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 "
+    "Reboot=0 ExitCode=2:0 RunTime=00:00:31 TimeLimit=00:20:00 NodeList=slx-slurm-node-[1-2] "
+    "Command=/results/slurm/slx-20261122-114158.sbatch WorkDir=/results/slurm StdErr=/results/slurm/slx-3.out "
+    "StdIn=/dev/null StdOut=/results/slurm/slx-3.out Power="
+)
+"""`scontrol show job --oneliner 3` on the mini-cluster (abridged), for a job whose ranks exited 2."""
+
+
+def test_the_job_report_reads_scontrol() -> None:
+    from cluster.slurm import minicluster
+
+    fields = minicluster.job_fields(SCONTROL)
+    assert (fields["JobState"], fields["StdOut"], fields["NodeList"]) == (
+        "FAILED",
+        "/results/slurm/slx-3.out",
+        "slx-slurm-node-[1-2]",
+    )
+    assert minicluster.exit_status(fields) == 2
+    cancelled = {"JobState": "CANCELLED", "ExitCode": "0:15"}
+    assert minicluster.exit_status(cancelled) == 143  # 128 + SIGTERM, as a shell says it
+    assert minicluster.exit_status({"JobState": "CANCELLED", "ExitCode": "0:0"}) == 1  # cancelled while pending
+    assert minicluster.exit_status({"JobState": "COMPLETED", "ExitCode": "0:0"}) == 0
