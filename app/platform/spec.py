@@ -184,9 +184,9 @@ class Rendezvous:
 class Job:
     """What runs on every node."""
 
-    name: str = field(default="ddp-cluster", metadata=used_by("compose", "slurm", "kubernetes"))
-    """The job's name: compose project, Slurm job name, Kubernetes object names and rendezvous id
-    (lowercase letters, digits and -, at most 40)."""
+    name: str = field(default="ddp-cluster", metadata=used_by("compose", "ansible", "slurm", "kubernetes"))
+    """The job's name: compose project, Slurm job name, Kubernetes object names, Ansible's containers
+    and results folder, and rendezvous id (lowercase letters, digits and -, at most 40)."""
     command: str = field(
         default="train --dataset digits --epochs 10 --out /results/digits --resume auto", metadata=used_by("all")
     )
@@ -391,11 +391,18 @@ def read_file(path: Path) -> dict[str, dict[str, Any]]:
         raise UsageError(f"cannot read --spec {path}: {error.strerror or error}") from None
     except tomllib.TOMLDecodeError as error:
         raise UsageError(f"--spec {path} is not valid TOML ({error}): see README.md, 'The cluster spec'") from None
-    _unknown(f"--spec {path}", set(data), list(SECTIONS))
+    return check_tables(data, f"--spec {path}")
+
+
+def check_tables(data: Any, where: str) -> dict[str, dict[str, Any]]:
+    """``data`` when it is a spec's tables (known sections of known keys), else a UsageError naming ``where``."""
+    if not isinstance(data, dict):
+        raise UsageError(f'{where} must be tables of keys like {{"job": {{"command": "check"}}}}, got {data!r}')
+    _unknown(where, set(data), list(SECTIONS))
     for name, table in data.items():
         if not isinstance(table, dict):
-            raise UsageError(f"--spec {path}: [{name}] must be a table of keys, got {table!r}")
-        _unknown(f"--spec {path} [{name}]", set(table), [f.name for f in fields(SECTIONS[name])])
+            raise UsageError(f"{where}: [{name}] must be a table of keys, got {table!r}")
+        _unknown(f"{where} [{name}]", set(table), [f.name for f in fields(SECTIONS[name])])
     return data
 
 
