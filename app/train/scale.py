@@ -136,6 +136,8 @@ class ScaleConfig:
     """Seconds before the ranks it started as one process are stopped."""
     print_schema: bool = False
     """Print the JSON Schema of --json files (every key, described) and exit."""
+    from_json: Path | None = None
+    """Measure nothing: print (and --plot) a report that --json wrote earlier, e.g. on a cluster without matplotlib."""
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
@@ -147,6 +149,8 @@ class ScaleConfig:
             raise UsageError(f"--launch-timeout {self.launch_timeout:g} must be > 0 seconds")
         if self.plot is not None and self.plot.suffix.lower() != ".png":
             raise UsageError(f"--plot {self.plot} must name a .png file")
+        if self.from_json is not None and not self.from_json.is_file():
+            raise UsageError(f"--from-json {self.from_json}: no such file (a report that --json wrote)")
         for flag_name, path in (("--json", self.json), ("--plot", self.plot)):
             if path is not None and not path.parent.is_dir():
                 raise UsageError(f"{flag_name} {path}: no folder {path.parent}: create it or choose another path")
@@ -292,6 +296,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = train_config(scale, args)
     if scale.plot is not None and importlib.util.find_spec("matplotlib") is None:
         raise UsageError(f"--plot {scale.plot} needs matplotlib: pip install 'ddp-cluster[plot]' (or drop --plot)")
+    if scale.from_json is not None:
+        return _show(scale_report.read(scale.from_json), scale)
     proc = this_process(dist_cfg)
     if proc.world_size == 1:
         sizes = scale.world_sizes or STANDALONE_SIZES
@@ -306,11 +312,16 @@ def run(args: argparse.Namespace) -> int:
         report = measure(ctx, scale, cfg, sizes)
     if report is None:
         return 0
-    print(scale_report.format_report(report), flush=True)
     if scale.json:
         atomic_write_text(scale.json, json.dumps(report, indent=2) + "\n")
-    if scale.plot:
-        scale_report.plot(report, scale.plot)
+    _show(report, scale)
     if not any(v["fit"].get("t1_ms") for v in report["variants"]):
         raise ClusterError("the scaling law could not be fitted to any variant: see the report's notes")
+    return 0
+
+
+def _show(report: dict, scale: ScaleConfig) -> int:
+    print(scale_report.format_report(report), flush=True)
+    if scale.plot:
+        scale_report.plot(report, scale.plot)
     return 0

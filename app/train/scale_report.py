@@ -6,8 +6,10 @@ latency, and per variant (comm hook x bucket size) the points, speed-ups and the
 may rely on these keys; a change of their meaning bumps ``format``.
 """
 
+import json
 from pathlib import Path
 
+from app.errors import UsageError
 from app.train.config import SpeedConfig
 from app.train.scaling import AllReduceSample, Link, ScalingFit, StepSample, fit_link, fit_scaling, ring_factor
 
@@ -107,6 +109,19 @@ def _notes(context: dict, variants: list[dict]) -> list[str]:
             )
             break
     return notes
+
+
+def read(path: Path) -> dict:
+    """A report that --json wrote; UsageError for anything else."""
+    try:
+        report = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UsageError(f"--from-json {path} is not readable JSON ({error}): pass a file that --json wrote") from None
+    if not isinstance(report, dict) or report.get("format") != FORMAT or "variants" not in report:
+        raise UsageError(
+            f"--from-json {path} is not an app scale report of format {FORMAT}: pass a file that --json wrote"
+        )
+    return report
 
 
 def build(
@@ -244,6 +259,7 @@ def plot(r: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     largest = max(r["world_sizes"])
     top = max([largest * 4, *[v["fit"].get("max_world_size_50") or 0 for v in r["variants"]]])
@@ -260,11 +276,13 @@ def plot(r: dict, path: Path) -> None:
             speed.plot(curve[0], curve[2], "-", color=color, alpha=0.7)
     speed.plot(sizes, sizes, ":", color="grey", label="perfect scaling")
     speed.plot(sizes, [THRESHOLD * n for n in sizes], "--", color="grey", alpha=0.6, label="50% efficiency")
+    speed.set_yscale("log", base=2)
     for ax in (steps, speed):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("ranks N (world size)")
         ax.grid(True, which="both", alpha=0.3)
-    speed.set_yscale("log", base=2)
+    for axis in (steps.xaxis, speed.xaxis, speed.yaxis):
+        axis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:g}"))
     steps.set_ylabel("time per optimizer step (ms)")
     speed.set_ylabel("speed-up over one rank (x, samples/s)")
     steps.set_title(f"{r['model']}, batch {r['batch_per_rank']}/rank, {r['backend']} on {r['device']}")
