@@ -7,27 +7,34 @@ all-reduce), the scaling law fitted to it and what it predicts for more ranks.
     torchrun --standalone --nproc-per-node 4 -m app scale  # under any launcher: N = 1, 2, 4, ... up to its ranks
     mpirun -np 4 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29500 python -m app scale
     srun -N 2 --ntasks-per-node 4 python -m app scale --json scale.json
-    make scale ARGS="--sweep"; make cluster-scale NODES=2 NPROC_PER_NODE=2   # the compose mini-cluster
+    python -m app scale --from-json scale.json --plot scale.png   # a report written earlier, drawn here
+    make scale SCALE_ARGS="--sweep"; make cluster-scale NODES=2 NPROC_PER_NODE=2   # the compose mini-cluster
 
 What runs: app train's Trainer, one epoch at a time (``Trainer.train_epoch``), with app train's
 model, optimizer, batch and DDP/speed flags, on the job's first N ranks as a process group of
 their own (``first_ranks``) while the other ranks wait; on a cluster the first ranks fill the
 first node, so N up to --nproc-per-node measures one node's links and larger N the network. As one
-process it runs itself again under torchrun --standalone on max(--world-sizes) local ranks.
+process it runs itself again under torchrun --standalone on max(--world-sizes) local ranks. On
+the compose mini-cluster (make cluster-scale) the nodes are containers on one machine: N within a
+node measures loopback, N across nodes the bridge network between containers, and every rank
+shares the host's cores (the image has no matplotlib: make draws the plot on the host).
 
 What is measured (app/train/timing.py): per optimizer step, the step, its compute (the same steps
-under DDP's no_sync, alternating with the synced ones), its gradient all-reduce (a comm hook that
-times each bucket from call to completion) and the exposed communication (step - compute); and a
-bare all_reduce of S/64, S/8 and S bytes (S: the gradient bytes) on each N, from which busbw and
-latency are fitted. Medians over --rounds (a round: --steps steps of synthetic data, or one epoch
-of digits), the slowest rank's. Each N runs alone, so on a machine with fewer cores than ranks
-the compute per step grows with N: the report says so.
+under DDP's no_sync), its gradient all-reduce (a comm hook that times each bucket from call to
+completion) and the exposed communication (step - compute); and a bare all_reduce of S/64, S/8
+and S bytes (S: the gradient bytes) on each N, from which busbw and latency are fitted. Every
+variant at every N is built and warmed up first; then each of --rounds rounds (--steps steps of
+synthetic data, or one epoch of digits, synced and then no_sync) visits every N and variant in
+turn, so that a busy machine slows them alike. Figures are medians over rounds, the slowest
+rank's; speed-up is the median of each round's ratio. Each N runs alone, so on a machine with
+fewer cores than ranks the compute per step grows with N: the report says so. --sweep keeps one
+model per variant and N in memory.
 
 The law (app/train/scaling.py): T_N = T_1 / N + T_comm(N) for a job of fixed size; per step
 t_N = t_1 + k * (2 (N - 1) / N * S / busbw + latency), with t_1 and k (the share of a plain fp32
 all-reduce that a step waits for) fitted to the step times by least squares. Printed per N:
-measured and predicted step time, speed-up (samples/s over one rank's) and efficiency (speed-up
-/ N), and the largest N whose predicted efficiency stays >= 50%.
+measured and predicted step time, speed-up (samples/s over one rank's: N t_1 / t_N) and
+efficiency (speed-up / N), and the largest N whose predicted efficiency stays >= 50%.
 
 --json PATH (rank 0) writes the report. Its keys are stable (``"format": 1``) and described one by
 one in a JSON Schema (app/train/scale_report.py, ``--print-schema`` prints it): a CI job can
@@ -223,20 +230,35 @@ def _shared(outcome: dict, ctx: DistContext) -> dict:
     return payload[0]
 
 
-def _phase(sub: DistContext | None, ctx: DistContext, cfg: TrainConfig, rounds: int) -> dict:
-    """Time ``cfg`` on ``sub`` (None: this rank waits); every rank gets rank 0's outcome."""
-    outcome: dict = {}
-    if sub is not None:
-        try:
-            timer = timing.CommTimer(sub.device)
-            data = prepare_data(cfg, sub)
-            trainer = Trainer(cfg, sub, data, Reporter(Path("."), enabled=False), wrap_comm_hook=timer.wrap)
-            powersgd = cfg.speed.powersgd_warmup if cfg.speed.comm_hook == "powersgd" else 0
-            timing.warm_up(trainer, synced_steps=max(3, powersgd + 2))
-            outcome = {"times": vars(timing.time_steps(trainer, timer, rounds))}
-        except UsageError as error:
-            outcome = {"skipped": str(error)}
-    return _shared(outcome, ctx)
+def _clock(sub: DistContext, cfg: TrainConfig) -> timing.StepClock:
+    """A warmed-up clock of ``cfg``'s Trainer on ``sub``."""
+    timer = timing.CommTimer(sub.device)
+    trainer = Trainer(cfg, sub, prepare_data(cfg, sub), Reporter(Path("."), enabled=False), wrap_comm_hook=timer.wrap)
+    clock = timing.StepClock(trainer, timer)
+    clock.warm_up(synced_steps=max(3, cfg.speed.powersgd_warmup + 2 if cfg.speed.comm_hook == "powersgd" else 0))
+    return clock
+
+
+def _clocks(ctx: DistContext, scale: ScaleConfig, configs: dict[str, TrainConfig], sizes, parts) -> tuple[dict, dict]:
+    """Every variant's clock at every world size (this rank's; None where it is not in the group), and the skipped."""
+    clocks: dict[tuple[str, int], timing.StepClock | None] = {}
+    skipped: dict[str, str] = {}
+    for n in sizes:
+        for name, variant in configs.items():
+            if name in skipped:
+                continue
+            outcome: dict = {}
+            if parts[n] is not None:
+                try:
+                    clocks[name, n] = _clock(parts[n], for_world(variant, scale, n))
+                except UsageError as error:
+                    outcome = {"skipped": str(error)}
+            outcome = _shared(outcome, ctx)  # every rank learns what rank 0 (in every group) met
+            if "skipped" in outcome:
+                if not scale.sweep:
+                    raise UsageError(outcome["skipped"])
+                skipped[name] = outcome["skipped"]
+    return {key: clock for key, clock in clocks.items() if key[0] not in skipped}, skipped
 
 
 def gradient_bytes(cfg: TrainConfig, ctx: DistContext) -> int:
@@ -255,18 +277,23 @@ def measure(ctx: DistContext, scale: ScaleConfig, cfg: TrainConfig, sizes: tuple
             times = timing.time_allreduce(parts[n], [max(4, nbytes // f) for f in BARE_FRACTIONS], scale.rounds)
             bare += [AllReduceSample(n, size, seconds) for size, seconds in times.items()]
         _shared({}, ctx)
-    measured: dict[str, dict[int, dict]] = {}
-    for name, variant in variants(cfg, scale).items():
-        measured[name] = {}
+    configs = variants(cfg, scale)
+    clocks, skipped = _clocks(ctx, scale, configs, sizes, parts)
+    for _ in range(scale.rounds):  # rounds alternate between world sizes and variants
         for n in sizes:
-            outcome = _phase(parts[n], ctx, for_world(variant, scale, n), scale.rounds)
-            if "skipped" in outcome and not scale.sweep:
-                raise UsageError(outcome["skipped"])
-            measured[name][n] = outcome
+            for name in configs:
+                if clocks.get((name, n)) is not None:
+                    clocks[name, n].round()
+            _shared({}, ctx)
+    measured: dict[str, dict[int, dict]] = {name: {1: {"skipped": reason}} for name, reason in skipped.items()}
+    for (name, n), clock in clocks.items():
+        if clock is not None:
+            measured.setdefault(name, {})[n] = {"times": vars(clock.result())}
+    measured = {name: measured[name] for name in configs}
     if not ctx.proc.is_main:
         return None
     context = _context(ctx, scale, cfg, sizes, nbytes)
-    return scale_report.build(context, bare, measured, {name: v.speed for name, v in variants(cfg, scale).items()})
+    return scale_report.build(context, bare, measured, {name: v.speed for name, v in configs.items()})
 
 
 def _context(ctx: DistContext, scale: ScaleConfig, cfg: TrainConfig, sizes: tuple[int, ...], nbytes: int) -> dict:

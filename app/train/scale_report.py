@@ -7,6 +7,7 @@ may rely on these keys; a change of their meaning bumps ``format``.
 """
 
 import json
+import statistics
 from pathlib import Path
 
 from app.errors import UsageError
@@ -18,6 +19,8 @@ THRESHOLD = 0.5
 """The efficiency that ``max_world_size_50`` keeps."""
 CONTENTION = 1.25
 """Compute per step this many times one rank's: the ranks contend for the machine (a note says so)."""
+WAITING = 2.0
+"""k above this: steps wait far longer than their all-reduce takes alone (a note says why)."""
 
 
 def _ms(seconds: float) -> float:
@@ -63,19 +66,25 @@ def _fit(times: dict[int, dict], link: Link | None, nbytes: int) -> tuple[dict, 
     }, fit
 
 
+def _speedup(n: int, mine: list[float], one: list[float]) -> float:
+    """N t_1 / t_N, the median over rounds of the ratio within each round."""
+    return statistics.median(n * a / b for a, b in zip(one, mine, strict=True))
+
+
 def _points(times: dict[int, dict], fit: ScalingFit | None, batch: int) -> list[dict]:
-    base = times[1]["step"]
+    one = times[1]["rounds"]
     return [
         {
             "world_size": n,
             "step_ms": _ms(t["step"]),
+            "step_ms_rounds": [_ms(x) for x in t["rounds"]],
             "compute_ms": _ms(t["compute"]),
             "comm_ms": _ms(t["comm"]),
             "exposed_comm_ms": _ms(max(0.0, t["step"] - t["compute"])),
             "buckets": t["buckets"],
             "samples_per_s": round(n * batch / t["step"], 1),
-            "speedup": round(n * base / t["step"], 4),
-            "efficiency": round(base / t["step"], 4),
+            "speedup": round(_speedup(n, t["rounds"], one), 4),
+            "efficiency": round(_speedup(n, t["rounds"], one) / n, 4),
             "predicted_step_ms": _ms(fit.step(n)) if fit else None,
         }
         for n, t in sorted(times.items())
@@ -94,6 +103,14 @@ def _variant(name: str, speed: SpeedConfig, outcomes: dict[int, dict], link: Lin
 
 def _notes(context: dict, variants: list[dict]) -> list[str]:
     notes = []
+    waiting = [v for v in variants if (v["fit"].get("exposed_fraction") or 0) > WAITING]
+    if waiting:
+        v = waiting[0]
+        notes.append(
+            f"{v['name']}: k = {v['fit']['exposed_fraction']:.1f}: a step waits that many times as long as a bare "
+            "all-reduce of its gradients takes: the time goes to ranks waiting for one another (uneven compute, "
+            "cores shared with other work, gloo's threads waiting for a core), not to the bytes on the link"
+        )
     for v in variants:
         points = v["points"]
         if not points:
@@ -211,7 +228,7 @@ def _sweep_table(r: dict) -> list[str]:
     ]
     for v in r["variants"]:
         if v["skipped"]:
-            lines.append(f"  {v['name']:<{width}}  skipped: {v['skipped']}")
+            lines.append(f"  {v['name']:<{width}}  skipped (see above)")
             continue
         cells = "".join(f"{p['step_ms']:9.2f} {100 * p['efficiency']:4.0f}%" for p in v["points"])
         fit = v["fit"]
@@ -314,13 +331,20 @@ _POINT = _object(
     "One world size of one variant (times are the slowest rank's medians per optimizer step).",
     {
         "world_size": _field("integer", "N: ranks that trained together."),
-        "step_ms": _field("number", "Measured time per optimizer step, ms."),
+        "step_ms": _field("number", "Measured time per optimizer step, ms (the median of step_ms_rounds)."),
+        "step_ms_rounds": _field(
+            "array",
+            "The step time of each round, ms, in order (rounds alternate N and variants).",
+            items={"type": "number"},
+        ),
         "compute_ms": _field("number", "The same steps without gradient communication (DDP no_sync), ms."),
         "comm_ms": _field("number", "Gradient buckets' comm hook spans per step, call to completion, ms."),
         "exposed_comm_ms": _field("number", "step_ms - compute_ms (>= 0): what communication adds, ms."),
         "buckets": _field("integer", "Gradient buckets per step."),
         "samples_per_s": _field("number", "N * batch_per_rank / step time."),
-        "speedup": _field("number", "samples_per_s over the one-rank samples_per_s."),
+        "speedup": _field(
+            "number", "N x one rank's step / this step: the median over rounds of the same round's ratio."
+        ),
         "efficiency": _field("number", "speedup / N."),
         "predicted_step_ms": _field(["number", "null"], "The fitted law's step time, ms (null: not fitted)."),
     },

@@ -2,12 +2,15 @@
 all-reduce inside the step, and a bare all-reduce of the same bytes.
 
     timer = CommTimer(ctx.device)
-    trainer = Trainer(cfg, ctx, data, reporter, wrap_comm_hook=timer.wrap)
-    times = time_steps(trainer, timer, rounds=5)          # StepTimes, the slowest rank's medians
-    bare = time_allreduce(ctx, [nbytes, ...], rounds=5)   # seconds of one all_reduce of each size
+    clock = StepClock(Trainer(cfg, ctx, data, reporter, wrap_comm_hook=timer.wrap), timer)
+    clock.warm_up(synced_steps=3)
+    for _ in range(5):
+        clock.round()                                      # (alternating with other clocks' rounds)
+    times = clock.result()                                 # StepTimes: the slowest rank's medians
+    bare = time_allreduce(ctx, [nbytes, ...], rounds=5)    # seconds of one all_reduce of each size
 
 The method, each figure the median over rounds (a round is one epoch of ``Trainer.train_epoch``)
-of its mean per step, then the slowest rank's:
+of its mean per step, the slowest rank's:
 
 - step: a synced epoch's time over its optimizer steps (loader, forward, backward with DDP's
   gradient all-reduce, optimizer), as ``app train`` runs them.
@@ -97,7 +100,7 @@ class CommTimer:
 
 @dataclass(frozen=True)
 class StepTimes:
-    """Seconds per optimizer step on one group of ranks (the slowest rank's medians)."""
+    """Seconds per optimizer step on one group of ranks (the slowest rank's, medians over rounds)."""
 
     step: float
     compute: float
@@ -108,11 +111,8 @@ class StepTimes:
     """Gradient buckets per step."""
     steps: int
     """Optimizer steps per timed round."""
-
-    @property
-    def exposed(self) -> float:
-        """What communication adds to a step: step - compute (>= 0)."""
-        return max(0.0, self.step - self.compute)
+    rounds: list[float]
+    """The step time of each round (the slowest rank's), in order: for ratios between runs of the same round."""
 
 
 def _epoch(trainer: Trainer, sync: bool) -> tuple[float, int]:
@@ -125,27 +125,50 @@ def _epoch(trainer: Trainer, sync: bool) -> tuple[float, int]:
     return time.perf_counter() - start, stats.steps
 
 
-def warm_up(trainer: Trainer, synced_steps: int) -> None:
-    """Synced epochs until ``synced_steps`` steps are done (DDP rebuilds its buckets; PowerSGD starts), one no_sync."""
-    while trainer.pos.step < synced_steps:
-        _epoch(trainer, sync=True)
-    _epoch(trainer, sync=False)
+class StepClock:
+    """Times a Trainer round by round (a synced epoch, then one under no_sync); ``result``: the figures.
 
+    Several clocks take their rounds in turn (``app scale`` alternates world sizes and variants),
+    so that a busy machine slows them alike.
+    """
 
-def time_steps(trainer: Trainer, timer: CommTimer, rounds: int) -> StepTimes:
-    """Alternate synced and no_sync epochs ``rounds`` times; the slowest rank's medians per step."""
-    step, compute, comm, buckets = [], [], [], 0
-    timer.take()
-    for _ in range(rounds):
-        seconds, steps = _epoch(trainer, sync=True)
-        spans, buckets = timer.take()
-        step.append(seconds / steps)
-        comm.append(spans / steps)
-        seconds, steps = _epoch(trainer, sync=False)
-        compute.append(seconds / steps)
-    mine = [statistics.median(step), statistics.median(compute), statistics.median(comm), buckets]
-    slowest = collective.all_reduce(mine, trainer.ctx.device, "max", trainer.ctx.group)
-    return StepTimes(*slowest[:3], buckets=int(slowest[3]), steps=steps)
+    def __init__(self, trainer: Trainer, timer: CommTimer) -> None:
+        self.trainer, self.timer = trainer, timer
+        self._step: list[float] = []
+        self._compute: list[float] = []
+        self._comm: list[float] = []
+        self._buckets = self._steps = 0
+
+    def warm_up(self, synced_steps: int) -> None:
+        """Synced epochs until ``synced_steps`` steps are done (DDP rebuilds buckets, PowerSGD starts), one no_sync."""
+        while self.trainer.pos.step < synced_steps:
+            _epoch(self.trainer, sync=True)
+        _epoch(self.trainer, sync=False)
+        self.timer.take()
+
+    def round(self) -> None:
+        """One timed round."""
+        seconds, self._steps = _epoch(self.trainer, sync=True)
+        spans, self._buckets = self.timer.take()
+        self._step.append(seconds / self._steps)
+        self._comm.append(spans / self._steps)
+        seconds, steps = _epoch(self.trainer, sync=False)
+        self._compute.append(seconds / steps)
+
+    def result(self) -> StepTimes:
+        """The slowest rank's figures (a collective on the trainer's group)."""
+        mine = [*self._step, statistics.median(self._compute), statistics.median(self._comm), self._buckets]
+        slowest = collective.all_reduce(mine, self.trainer.ctx.device, "max", self.trainer.ctx.group)
+        n = len(self._step)
+        per_round = slowest[:n]
+        return StepTimes(
+            step=statistics.median(per_round),
+            compute=slowest[n],
+            comm=slowest[n + 1],
+            buckets=int(slowest[n + 2]),
+            steps=self._steps,
+            rounds=per_round,
+        )
 
 
 def time_allreduce(ctx: DistContext, sizes: Sequence[int], rounds: int) -> dict[int, float]:

@@ -110,13 +110,14 @@ def _context(sizes=(1, 2, 4)) -> dict:
 def _times(n: int, t1: float, exposed: float, compute_growth: float = 1.0) -> dict:
     comm = LINK.seconds(n, S)
     compute = t1 * (compute_growth if n > 1 else 1.0)
-    return {"times": {"step": compute + exposed * comm, "compute": compute, "comm": comm, "buckets": 1, "steps": 20}}
+    step = compute + exposed * comm
+    return {"times": {"step": step, "compute": compute, "comm": comm, "buckets": 1, "steps": 20, "rounds": [step] * 3}}
 
 
-def _report(compute_growth: float = 1.0) -> dict:
+def _report(compute_growth: float = 1.0, exposed: float = 1.0) -> dict:
     bare = [AllReduceSample(n, size, LINK.seconds(n, size)) for n in (2, 4) for size in (S // 64, S // 8, S)]
     measured = {
-        "none, bucket 25 MiB": {n: _times(n, 5.7e-3, 1.0, compute_growth) for n in (1, 2, 4)},
+        "none, bucket 25 MiB": {n: _times(n, 5.7e-3, exposed, compute_growth) for n in (1, 2, 4)},
         "fp16, bucket 25 MiB": {n: _times(n, 5.7e-3, 0.5, compute_growth) for n in (1, 2, 4)},
         "bf16, bucket 25 MiB": {1: {"skipped": "--comm-hook bf16: refused"}, 2: {}, 4: {}},
     }
@@ -150,5 +151,10 @@ def test_a_schema_violation_is_caught() -> None:
 
 
 def test_contending_ranks_are_noted() -> None:
-    report = _report(compute_growth=1.9)
-    assert len(report["notes"]) == 1 and "1.9x one rank's" in report["notes"][0]
+    notes = _report(compute_growth=1.9)["notes"]
+    assert any("compute per step on 2 ranks is 1.9x one rank's" in n for n in notes), notes
+
+
+def test_steps_that_wait_longer_than_their_all_reduce_are_noted() -> None:
+    (note,) = _report(exposed=3.0)["notes"]
+    assert note.startswith("none, bucket 25 MiB: k = 3.0: a step waits") and "not to the bytes" in note
