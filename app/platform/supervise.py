@@ -67,27 +67,40 @@ class Filter:
 
     A Python traceback, torch's per-rank ``[rankN]:`` copies of it, torchrun's glog lines and its
     ChildFailedError banner are internals; the app prints its own failures as one ``error:`` line.
+    The exception a traceback ends with is kept: the first one that is not torchrun's own is the
+    root cause when the app could not say it (an import error, say).
     """
 
-    in_traceback: bool = False
-    last_exception: str = ""
-    """The exception that the last traceback ended with (the root cause when nothing else said it)."""
+    open_tracebacks: set[str] = field(default_factory=set)
+    """The sources (``""`` or a ``[rankN]:`` prefix) whose traceback is being printed."""
+    cause: str = ""
+    """The first exception of the app's; else the last of torchrun's."""
     said_error: bool = False
     """The app printed its own one-line ``error:``."""
 
     def is_internal(self, line: str) -> bool:
         """True for a line that belongs in the log only."""
-        if line.startswith("error: "):
+        prefix = match[0] if (match := _RANK_PREFIX.match(line)) else ""
+        text = line[len(prefix) :].removeprefix(" ")
+        if text.startswith("error: "):
             self.said_error = True
-        if line.startswith("Traceback (most recent call last):"):
-            self.in_traceback = True
+        if text.startswith("Traceback (most recent call last):"):
+            self.open_tracebacks.add(prefix)
             return True
-        if self.in_traceback:
-            if not line.startswith((" ", "\t")) and line.strip():
-                self.in_traceback = False  # the exception's own line ends the traceback
-                self.last_exception = line.strip()
+        if prefix in self.open_tracebacks:
+            if not text.startswith((" ", "\t")) and text.strip():
+                self.open_tracebacks.discard(prefix)  # the exception's own line ends the traceback
+                self._keep(text.strip())
             return True
-        return bool(_GLOG.match(line) or _RANK_PREFIX.match(line) or _BANNER.match(line))
+        return bool(prefix or _GLOG.match(line) or _BANNER.match(line))
+
+    def _keep(self, exception: str) -> None:
+        if not self.cause or _is_torchruns(self.cause):  # the app's first exception wins over torchrun's last
+            self.cause = exception
+
+
+def _is_torchruns(exception: str) -> bool:
+    return "torch.distributed.elastic" in exception or "ChildFailedError" in exception
 
 
 def root_cause(exception: str, spec: ClusterSpec) -> str:
@@ -319,19 +332,31 @@ def _up(run: Run, results: Path) -> int:
     stop.set()
     threads[-1].join(timeout=10)
     elapsed = time.monotonic() - start
-    if status == 124:
-        run.say(
-            f"error: the job ran past its time limit (--time-limit {spec.job.time_limit}s) and was stopped; "
-            "see make cluster-logs, then make cluster-down",
-            sys.stderr,
-        )
-    elif status != 0:
-        _report_main_exit(run, status, main_output)
     subprocess.run(run.compose("stop", "--timeout", str(STOP_GRACE_S)), capture_output=True, timeout=180, check=False)
     _collect(run, results, elapsed)
     run.say(f"cluster: job exit status {status} after {elapsed:.0f}s; logs: {run.log_file} and make cluster-logs; "
             "remove: make cluster-down")  # fmt: skip
-    return status
+    if status:
+        raise ClusterError(_failure(run, status, main_output), status)
+    return 0
+
+
+def _failure(run: Run, status: int, output: Filter) -> str:
+    """The job's failure in one line: ran out of time, the head lost, or the root cause."""
+    spec = run.spec
+    if status == 124:
+        return (
+            f"the job ran past its time limit (--time-limit {spec.job.time_limit}s) and was stopped; "
+            "see make cluster-logs, then make cluster-down"
+        )
+    if status >= 128:
+        return (
+            f"the head node ({run.main_container}: rank 0's node and the rendezvous host) ended with "
+            f"{describe_status(status)}: the job cannot go on without it; the other nodes were stopped"
+        )
+    if output.cause and not output.said_error:
+        return f"{run.main_container}: {root_cause(output.cause, spec)}"
+    return f"the job failed: {run.main_container} (rank 0's node) ended with {describe_status(status)}; see above"
 
 
 def _wait_main(run: Run, seconds: float) -> int:
@@ -342,18 +367,6 @@ def _wait_main(run: Run, seconds: float) -> int:
     except subprocess.TimeoutExpired:
         _docker("stop", "--time", str(STOP_GRACE_S), run.main_container)
         return 124
-
-
-def _report_main_exit(run: Run, status: int, output: Filter) -> None:
-    """One line when rank 0's node ended badly: the head lost, or what failed when the app did not say."""
-    if status < 128 and not output.said_error and output.last_exception:
-        run.say(f"error: {run.main_container}: {root_cause(output.last_exception, run.spec)}", sys.stderr)
-    if status >= 128:
-        run.say(
-            f"error: the head node ({run.spec.job.name}-{run.main_service}-1: rank 0's node and the rendezvous host) "
-            f"ended with {describe_status(status)}: the job cannot go on without it; the others were stopped",
-            sys.stderr,
-        )
 
 
 def _collect(run: Run, results: Path, elapsed: float) -> None:

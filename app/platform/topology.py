@@ -6,6 +6,7 @@
     python -m app topology --hostfile hosts.txt --format torchrun --node-rank 1
     python -m app topology --hostfile hosts.txt --launcher mpirun --format mpirun
     python -m app topology --spec cluster.toml --nodes 3 --format compose --output build/cluster/x.env
+    python -m app topology --nodes 2 --nproc-per-node 8 --gpus-per-node 8 --format sbatch --output job.sbatch
     python -m app topology --name mycluster --format ssh-keys --output-dir ~/.cache/ddp-cluster/ssh/mycluster
     python -m app topology --nodes 4 --namespace ml --results-claim ddp-results --format k8s --output job.yaml
 
@@ -28,7 +29,7 @@ from typing import Any
 from app import flags
 from app.atomic import atomic_write_text
 from app.errors import UsageError
-from app.platform import compose, kube, render, spec, sshkeys
+from app.platform import compose, kube, render, slurm, slurmcluster, spec, sshkeys
 from app.platform.spec import ClusterSpec, Host
 
 DEFAULT_SCRIPT_DIR = Path(__file__).resolve().parents[2] / "cluster" / "jobs"
@@ -98,6 +99,11 @@ FORMATS: dict[str, tuple[Renderer, str]] = {
         "the env file of compose.yaml (docker compose --env-file)",
     ),
     "compose-files": (lambda r: compose.cluster_files(r.spec), "the compose cluster's files (--output-dir)"),
+    "sbatch": (lambda r: slurm.render_script(r.spec), "a Slurm batch script (sbatch FILE): torchrun or srun style"),
+    "slurm-files": (
+        lambda r: slurmcluster.cluster_files(r.spec),
+        "the Slurm mini-cluster's slurm.conf and node names (--output-dir)",
+    ),
     "ssh-keys": (_ssh_keys, "this cluster's SSH user and host keys, made once (--output-dir)"),
     "k8s": (lambda r: kube.render_k8s(r.spec), "Kubernetes: Indexed Job, headless Service, ConfigMap, NetworkPolicy"),
     "pytorchjob": (lambda r: kube.render_pytorchjob(r.spec), "Kubernetes: a Kubeflow PyTorchJob and a NetworkPolicy"),
