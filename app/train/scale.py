@@ -17,7 +17,7 @@ first node, so N up to --nproc-per-node measures one node's links and larger N t
 process it runs itself again under torchrun --standalone on max(--world-sizes) local ranks. On
 the compose mini-cluster (make cluster-scale) the nodes are containers on one machine: N within a
 node measures loopback, N across nodes the bridge network between containers, and every rank
-shares the host's cores (the image has no matplotlib: make draws the plot on the host).
+shares the host's cores.
 
 What is measured (app/train/timing.py): per optimizer step, the step, its compute (the same steps
 under DDP's no_sync), its gradient all-reduce (a comm hook that times each bucket from call to
@@ -38,12 +38,11 @@ efficiency (speed-up / N), and the largest N whose predicted efficiency stays >=
 
 --json PATH (rank 0) writes the report. Its keys are stable (``"format": 1``) and described one by
 one in a JSON Schema (app/train/scale_report.py, ``--print-schema`` prints it): a CI job can
-compare runs by them. --plot PATH.png (rank 0, needs matplotlib: ``pip install
-'ddp-cluster[plot]'``) draws the measured points, the fitted curves and perfect scaling.
+compare runs by them. --plot PATH.png (rank 0, matplotlib) draws the measured points, the fitted
+curves and perfect scaling.
 """
 
 import argparse
-import importlib.util
 import json
 import os
 from dataclasses import dataclass, field, replace
@@ -54,8 +53,9 @@ import torch.distributed as dist
 
 from app import flags
 from app.atomic import atomic_write_text
-from app.errors import ClusterError, UsageError
+from app.errors import UsageError
 from app.flags import flag
+from app.platform import plots
 from app.platform.distributed import (
     DistContext,
     add_dist_arguments,
@@ -154,8 +154,6 @@ class ScaleConfig:
                 raise UsageError(f"{name} {value} must be >= {least}")
         if self.launch_timeout <= 0:
             raise UsageError(f"--launch-timeout {self.launch_timeout:g} must be > 0 seconds")
-        if self.plot is not None and self.plot.suffix.lower() != ".png":
-            raise UsageError(f"--plot {self.plot} must name a .png file")
         if self.from_json is not None and not self.from_json.is_file():
             raise UsageError(f"--from-json {self.from_json}: no such file (a report that --json wrote)")
         for flag_name, path in (("--json", self.json), ("--plot", self.plot)):
@@ -321,8 +319,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(scale_report.SCHEMA, indent=2))
         return 0
     cfg = train_config(scale, args)
-    if scale.plot is not None and importlib.util.find_spec("matplotlib") is None:
-        raise UsageError(f"--plot {scale.plot} needs matplotlib: pip install 'ddp-cluster[plot]' (or drop --plot)")
+    if scale.plot is not None:
+        plots.prepare(scale.plot)  # a .png, and matplotlib there, before anything is measured
     if scale.from_json is not None:
         return _show(scale_report.read(scale.from_json), scale)
     proc = this_process(dist_cfg)
@@ -341,10 +339,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if scale.json:
         atomic_write_text(scale.json, json.dumps(report, indent=2) + "\n")
-    _show(report, scale)
-    if not any(v["fit"].get("t1_ms") for v in report["variants"]):
-        raise ClusterError("the scaling law could not be fitted to any variant: see the report's notes")
-    return 0
+    return _show(report, scale)
 
 
 def _show(report: dict, scale: ScaleConfig) -> int:

@@ -11,6 +11,7 @@ import statistics
 from pathlib import Path
 
 from app.errors import UsageError
+from app.platform import plots
 from app.train.config import SpeedConfig
 from app.train.scaling import AllReduceSample, Link, ScalingFit, StepSample, fit_link, fit_scaling, ring_factor
 
@@ -272,11 +273,9 @@ def _curve(fit: dict, r: dict, sizes: list[int]) -> tuple[list[int], list[float]
 
 def plot(r: dict, path: Path) -> None:
     """Step time and speed-up against ranks: measured points, the fitted law's curves, perfect scaling."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
+
+    plt = plots.pyplot()
 
     largest = max(r["world_sizes"])
     top = max([largest * 4, *[v["fit"].get("max_world_size_50") or 0 for v in r["variants"]]])
@@ -306,8 +305,10 @@ def plot(r: dict, path: Path) -> None:
     speed.set_title("t_N = t_1 + k (2(N-1)/N S/busbw + latency)")
     steps.legend(fontsize=7)
     speed.legend(fontsize=7, loc="upper left")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        plots.save(fig, path)
+    finally:
+        plt.close(fig)
 
 
 # --- the JSON schema ----------------------------------------------------------------------------

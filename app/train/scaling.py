@@ -74,20 +74,21 @@ class Link:
 
 
 def fit_link(samples: Sequence[AllReduceSample]) -> Link:
-    """busbw and latency from all-reduces timed at two or more sizes (or world sizes); latency >= 0.
+    """busbw and latency from all-reduces timed at two or more sizes (or world sizes).
 
-    Raises ValueError when the samples cannot tell bandwidth: fewer than two distinct
-    2 (N - 1) / N * S, or times that do not grow with the bytes.
+    Both are kept positive: when the best straight line has a negative latency, or times that do
+    not grow with the bytes (a noisy machine), latency is 0 and busbw fits all the time. Raises
+    ValueError without two distinct 2 (N - 1) / N * S.
     """
     points = [(ring_factor(s.world_size) * s.nbytes, s.seconds) for s in samples if s.world_size > 1]
     if len({x for x, _ in points}) < 2:
         raise ValueError("fitting busbw and latency needs all-reduces of at least two sizes on more than one rank")
     xs, ys = [x for x, _ in points], [y for _, y in points]
     latency, per_byte = _least_squares(xs, ys)
-    if latency < 0:
+    if latency < 0 or per_byte <= 0:  # noise hid one of them: every second goes to the bytes
         latency, per_byte = 0.0, _through_origin(xs, ys)
     if per_byte <= 0:
-        raise ValueError("all-reduce times do not grow with the bytes: no bandwidth to fit (too noisy?)")
+        raise ValueError("all-reduce times are not positive: nothing to fit")
     return Link(busbw=1.0 / per_byte, latency=latency)
 
 

@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from app.platform.collectives import synchronize
 from app.platform.distributed import DistContext
 from app.train import collective
 from app.train.comm_hooks import Hook
@@ -51,11 +52,6 @@ BARE_REPEATS = 10
 def gradient_bytes(model: nn.Module) -> int:
     """S: the bytes of one step's gradients (every trainable parameter, in its dtype)."""
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class CommTimer:
@@ -91,7 +87,7 @@ class CommTimer:
         """(seconds of all spans since the last take, buckets seen), and start afresh."""
         spans, self._spans = self._spans, []
         if self.device.type == "cuda":
-            _synchronize(self.device)
+            synchronize(self.device)
             seconds = sum(start.elapsed_time(end) / 1000 for _, start, end in spans)  # type: ignore[attr-defined]
         else:
             seconds = sum(end - start for _, start, end in spans)  # type: ignore[operator]
@@ -117,11 +113,11 @@ class StepTimes:
 
 def _epoch(trainer: Trainer, sync: bool) -> tuple[float, int]:
     """One epoch, synced or under no_sync: (seconds, optimizer steps)."""
-    _synchronize(trainer.ctx.device)
+    synchronize(trainer.ctx.device)
     start = time.perf_counter()
     with nullcontext() if sync else trainer.no_sync():
         stats = trainer.train_epoch()
-    _synchronize(trainer.ctx.device)
+    synchronize(trainer.ctx.device)
     return time.perf_counter() - start, stats.steps
 
 
@@ -181,11 +177,11 @@ def time_allreduce(ctx: DistContext, sizes: Sequence[int], rounds: int) -> dict[
         per_round = []
         for _ in range(rounds):
             dist.barrier(group=ctx.group)
-            _synchronize(ctx.device)
+            synchronize(ctx.device)
             start = time.perf_counter()
             for _ in range(BARE_REPEATS):
                 dist.all_reduce(tensor, group=ctx.group)
-            _synchronize(ctx.device)
+            synchronize(ctx.device)
             per_round.append((time.perf_counter() - start) / BARE_REPEATS)
         (found[nbytes],) = collective.all_reduce([statistics.median(per_round)], ctx.device, "max", ctx.group)
     return found

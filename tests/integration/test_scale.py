@@ -45,7 +45,8 @@ def test_one_process_measures_one_two_and_four_ranks(tmp_path) -> None:
     assert "law T_N = T_1/N + T_comm(N)" in done.stdout
 
     data = png.read_bytes()
-    assert _png_size(data) == (1100, 450) and len(data) > 20_000
+    width, height = _png_size(data)
+    assert width > 1000 and 400 < height < width and len(data) > 20_000
 
 
 def test_slurm_ranks_are_measured_as_given_with_a_sweep(tmp_path) -> None:
@@ -74,7 +75,7 @@ def test_slurm_ranks_are_measured_as_given_with_a_sweep(tmp_path) -> None:
         (["--world-sizes", "2,4"], "needs 1 (the baseline of speed-up)"),
         (["--powersgd-rank", "0"], "--powersgd-rank 0 must be >= 1"),
         (["--comm-hook", "int8"], "--comm-hook 'int8' is not one of none, fp16, bf16, powersgd"),
-        (["--plot", "scale.svg"], "must name a .png file"),
+        (["--plot", "scale.svg"], "give a path ending in .png"),
     ],
 )
 def test_bad_flags_are_one_line(flags: list[str], message: str) -> None:

@@ -73,6 +73,11 @@ def test_latency_alone_can_stop_scaling() -> None:
     assert fit.largest_world() == 1
 
 
+def test_times_that_do_not_grow_with_the_bytes_go_to_bandwidth() -> None:
+    link = fit_link([AllReduceSample(2, S, 1e-3), AllReduceSample(2, 8 * S, 1e-4)])
+    assert link.latency == 0.0 and link.busbw == pytest.approx((S**2 + 64 * S**2) / (S * 1e-3 + 8 * S * 1e-4))
+
+
 def test_ring_factor() -> None:
     assert [ring_factor(n) for n in (1, 2, 4)] == [0.0, 1.0, 1.5]
 
@@ -80,8 +85,6 @@ def test_ring_factor() -> None:
 def test_what_cannot_be_fitted_says_why() -> None:
     with pytest.raises(ValueError, match="two sizes"):
         fit_link([AllReduceSample(2, S, 1e-3), AllReduceSample(1, 8, 1e-6)])
-    with pytest.raises(ValueError, match="do not grow"):
-        fit_link([AllReduceSample(2, S, 1e-3), AllReduceSample(2, 8 * S, 1e-4)])
     with pytest.raises(ValueError, match="two or more world sizes"):
         fit_scaling([StepSample(2, 1e-3), StepSample(2, 1.1e-3)], LINK, S)
     with pytest.raises(ValueError, match="positive compute time"):
