@@ -149,7 +149,7 @@ class StepsConfig:
 
 @dataclass(frozen=True)
 class SpeedConfig:
-    """DDP and speed: how batches, gradients and steps move (defaults chosen with python -m app bench --sweep)."""
+    """DDP and speed: how batches, gradients and steps move (defaults chosen by app bench and app scale --sweep)."""
 
     loader: str = field(default="memory", metadata=flag(metavar="KIND"))
     """memory: batches indexed from in-memory tensors (fast); dataloader: torch DataLoader (the same samples)."""
