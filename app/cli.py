@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "topology": ("app.platform.topology", "render hostfile, env file and launcher arguments for a set of hosts"),
     "train": ("app.train", "train a model with DDP: digits/MNIST/CIFAR-10, checkpoints, --resume auto"),
     "bench": ("app.train.bench", "samples/s of app train vs a plain tutorial DDP loop, and the ratio"),
+    "scale": ("app.train.scale", "scaling report: step time at 1, 2, 4... ranks, the fitted law, comm hooks"),
     "cluster": ("app.platform.supervise", "run a job on the compose mini-cluster and keep it alive; logs; down"),
     "deploy": ("app.platform.deploy", "provision nodes and run the job across them with Ansible (ansible/deploy.yml)"),
     "doctor": ("app.platform.doctor", "rendezvous doctor: MASTER_ADDR, port, interface, host names, world of one"),

@@ -4,6 +4,7 @@
     plots.curves("comm.png", {"all_reduce": [(8, 0.01), (1024, 0.9)]}, xlabel="message size (bytes)",
                  ylabel="bus bandwidth (GB/s)", title="app comm", logx=True)
     plots.heatmap("links.png", [[None, 1.2], [1.1, None]], ["a", "b"], unit="GB/s", title="app links")
+    plt = plots.pyplot(); fig, ax = plt.subplots(); ...; plots.save(fig, "own.png")   # a figure of one's own
 
 matplotlib is imported only when a picture is drawn (the commands' ``--plot``), with the Agg
 backend, so no display is needed and commands without ``--plot`` never load it. Files are written
@@ -22,7 +23,8 @@ from app.errors import UsageError
 DPI = 120
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (UsageError when matplotlib is missing)."""
     try:
         import matplotlib
     except ImportError:
@@ -37,10 +39,11 @@ def prepare(path: str | os.PathLike) -> None:
     """Refuse a --plot path that is not a .png, or a missing matplotlib, before any measurement runs."""
     if Path(path).suffix.lower() != ".png":
         raise UsageError(f"--plot {path}: the picture is a PNG, give a path ending in .png")
-    _pyplot()
+    pyplot()
 
 
-def _save(fig, path: str | os.PathLike) -> Path:
+def save(fig, path: str | os.PathLike) -> Path:
+    """Write ``fig`` as a PNG at ``path``, atomically."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
     return atomic_write_bytes(path, buffer.getvalue())
@@ -57,7 +60,7 @@ def curves(
     hlines: Mapping[str, float] | None = None,
 ) -> Path:
     """One line per series of (x, y) points; ``hlines``: labelled horizontal references (a ceiling)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     try:
         for label, points in series.items():
@@ -72,7 +75,7 @@ def curves(
         ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=8)
-        return _save(fig, path)
+        return save(fig, path)
     finally:
         plt.close(fig)
 
@@ -88,7 +91,7 @@ def heatmap(
     ylabel: str = "sender",
 ) -> Path:
     """A square matrix as coloured cells with their values; None (the diagonal) stays blank."""
-    plt = _pyplot()
+    plt = pyplot()
     values = [[math.nan if v is None else v for v in row] for row in matrix]
     fig, ax = plt.subplots(figsize=(1.2 * len(labels) + 3, 1.0 * len(labels) + 2))
     try:
@@ -102,6 +105,6 @@ def heatmap(
                     colour = "black" if image.norm(v) > 0.6 else "white"  # dark text on viridis' light end
                     ax.text(j, i, f"{v:.3g}", ha="center", va="center", color=colour, fontsize=8)
         ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
-        return _save(fig, path)
+        return save(fig, path)
     finally:
         plt.close(fig)

@@ -1,12 +1,15 @@
 """The training loop: DDP, accumulation with no_sync, mixed precision, evaluation, checkpoints.
 
-    trainer = Trainer(cfg, ctx, data, reporter)   # inside app.platform.distributed.process_group
+    trainer = Trainer(cfg, ctx, data, reporter)   # inside app.platform.distributed.process_group (or a group of
+                                                    # its first ranks: first_ranks; ctx.group then)
     trainer.restore(state, source)                  # optional, from checkpoint.load
     trainer.step_hooks.append(hook)                 # optional: hook(trainer, step) after each optimizer step
     summary = trainer.fit()                         # or: stats = trainer.train_epoch(), one epoch at a time
 
 One optimizer step is ``accum_steps`` micro-batches; gradients are all-reduced on the last one
-only (``no_sync`` on the others) and each micro-batch's loss is divided by the group's size.
+only (``no_sync`` on the others) and each micro-batch's loss is divided by the group's size. The
+gradients travel as --comm-hook says (``comm_hooks``: fp32, fp16, bf16 or PowerSGD, whose state
+the checkpoints keep).
 
 Step hooks are the extension point: each is called on every rank as ``hook(trainer, step)`` after
 optimizer step ``step`` (1, 2, ...) has been taken and checkpointed (``--checkpoint-every``), before
@@ -18,7 +21,7 @@ TensorBoard step loss is one (``Reporter.after_step``).
 import math
 import time
 from collections.abc import Callable, Iterable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from app.errors import UsageError, first_line
 from app.platform.distributed import DistContext
-from app.train import checkpoint, collective, models
+from app.train import checkpoint, collective, comm_hooks, models
 from app.train import precision as amp
 from app.train.config import TrainConfig
 from app.train.data import Dataset
@@ -79,8 +82,14 @@ def static_graph(cfg: TrainConfig) -> bool:
     return cfg.speed.static_graph and cfg.steps.accum_steps == 1
 
 
-def wrap_ddp(model: nn.Module, ctx: DistContext, cfg: TrainConfig) -> DDP:
-    """DDP with the configured buckets; BatchNorm -> SyncBatchNorm when asked."""
+def wrap_ddp(model: nn.Module, ctx: DistContext, cfg: TrainConfig) -> nn.Module:
+    """DDP with the configured buckets; BatchNorm -> SyncBatchNorm when asked.
+
+    On a world of one it is the model itself: DDP would only add a bucket copy and a one-rank
+    all-reduce to every step (about a third of the seed MLP's step on a CPU), for the same result.
+    """
+    if ctx.proc.world_size == 1:
+        return model
     if cfg.speed.sync_bn:
         if ctx.device.type != "cuda" and ctx.proc.world_size > 1:
             raise UsageError(
@@ -90,6 +99,7 @@ def wrap_ddp(model: nn.Module, ctx: DistContext, cfg: TrainConfig) -> DDP:
     return DDP(
         model,
         device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+        process_group=ctx.group,
         bucket_cap_mb=cfg.speed.bucket_cap_mb,
         gradient_as_bucket_view=cfg.speed.gradient_as_bucket_view,
         static_graph=static_graph(cfg),
@@ -100,8 +110,15 @@ class Trainer:
     """Trains one model on one rank of a joined process group."""
 
     def __init__(
-        self, cfg: TrainConfig, ctx: DistContext, data: Dataset, reporter: Reporter, step_hooks: Iterable[StepHook] = ()
+        self,
+        cfg: TrainConfig,
+        ctx: DistContext,
+        data: Dataset,
+        reporter: Reporter,
+        step_hooks: Iterable[StepHook] = (),
+        wrap_comm_hook: Callable[[comm_hooks.Hook], comm_hooks.Hook] | None = None,
     ) -> None:
+        """wrap_comm_hook: wraps the gradient communication hook before DDP gets it (see ``comm_hooks.register``)."""
         self.cfg, self.ctx, self.data, self.reporter = cfg, ctx, data, reporter
         self.step_hooks: list[StepHook] = list(step_hooks)
         """Called after each optimizer step, in order (see the module docstring)."""
@@ -111,7 +128,9 @@ class Trainer:
         torch.manual_seed(s.seed)
         self.model = models.build(cfg.model.model, data.shape, data.num_classes).to(ctx.device)
         self.ddp = wrap_ddp(self.model, ctx, cfg)
-        self.model = self.ddp.module
+        """The model as it trains: DDP, or the model itself on a world of one."""
+        self.comm = comm_hooks.register(self.ddp, speed, ctx.group, wrap_comm_hook)
+        self.model = self.ddp.module if isinstance(self.ddp, DDP) else self.ddp  # SyncBatchNorm makes a new one
         self.optimizer = build_optimizer(
             o.optimizer, self.model.parameters(), o.lr, o.weight_decay, speed.optimizer_impl
         )
@@ -136,7 +155,7 @@ class Trainer:
             "num_classes": self.data.num_classes,
         }
 
-    def _state(self, rng: list[dict[str, torch.Tensor]]) -> dict:
+    def _state(self, rng: list[dict[str, torch.Tensor]], comm: list[dict]) -> dict:
         o, scaler = self.cfg.steps, self.precision.scaler
         return {
             **self.identity,
@@ -151,6 +170,7 @@ class Trainer:
             "accum_steps": o.accum_steps,
             "seed": o.seed,
             "rng": rng,
+            "comm_hook": comm,
         }
 
     def restore(self, state: dict, source: str) -> None:
@@ -167,6 +187,9 @@ class Trainer:
             self.precision.scaler.load_state_dict(state["scaler"])
         rng = state["rng"]
         collective.set_rng_state(rng[self.rank] if len(rng) == self.world else rng[0], self.ctx.device)
+        restored = comm_hooks.restore(self.comm, state.get("comm_hook", []), self.rank, self.world)
+        if restored:
+            self.reporter.event("comm_hook", hook=self.comm.name, state=restored)
         self.pos = Position(state["epoch"], state["batch"], state["step"])
         self._saved_step = self.pos.step
         self.resumed_from = source
@@ -184,10 +207,12 @@ class Trainer:
 
     def _save(self) -> None:
         """Checkpoint the current position (a collective: every rank calls it; rank 0 writes)."""
-        rng = collective.gather_rng(self.ctx.device)
+        group = self.ctx.group
+        rng = collective.gather_rng(self.ctx.device, group)
+        comm = collective.gather(comm_hooks.state_of(self.comm), group) if comm_hooks.has_state(self.comm) else []
         if self.ctx.proc.is_main:
             out = self.cfg.output
-            path = checkpoint.save(out.out, self._state(rng), self.pos.step, out.keep_checkpoints)
+            path = checkpoint.save(out.out, self._state(rng, comm), self.pos.step, out.keep_checkpoints)
             self.reporter.event("checkpoint", step=self.pos.step, epoch=self.pos.epoch, path=str(path))
         self._saved_step = self.pos.step
 
@@ -195,12 +220,16 @@ class Trainer:
 
     def _run_batch(self, x: torch.Tensor, y: torch.Tensor, sync: bool, weight: float) -> torch.Tensor:
         """Forward and backward of one micro-batch; gradients all-reduced only when ``sync``."""
-        with nullcontext() if sync else self.ddp.no_sync():
+        with nullcontext() if sync else self.no_sync():
             with self.precision.autocast():
                 loss = F.cross_entropy(self.ddp(x), y)
             scaled = loss * weight if weight != 1.0 else loss
             (self.precision.scaler.scale(scaled) if self.precision.scaler else scaled).backward()
         return loss.detach()
+
+    def no_sync(self) -> AbstractContextManager:
+        """DDP's no_sync: backward passes in this block do not all-reduce their gradients."""
+        return self.ddp.no_sync() if isinstance(self.ddp, DDP) else nullcontext()
 
     def _optimizer_step(self) -> None:
         scaler = self.precision.scaler
@@ -260,7 +289,7 @@ class Trainer:
             correct += (logits.argmax(dim=1) == y).sum().item()
             count += y.shape[0]
         self.model.train()
-        loss_sum, correct, count = collective.all_sum([loss_sum, correct, count], self.ctx.device)
+        loss_sum, correct, count = collective.all_sum([loss_sum, correct, count], self.ctx.device, self.ctx.group)
         return {
             "test_loss": loss_sum / max(count, 1),
             "test_accuracy": correct / max(count, 1),
@@ -270,7 +299,7 @@ class Trainer:
 
     def _epoch_record(self, epoch: int, stats: EpochStats) -> dict:
         loss_sum, samples, steps, seconds = collective.all_sum(
-            [stats.loss_sum, stats.samples, stats.steps, stats.seconds], self.ctx.device
+            [stats.loss_sum, stats.samples, stats.steps, stats.seconds], self.ctx.device, self.ctx.group
         )
         seconds /= self.world
         return {
@@ -309,7 +338,7 @@ class Trainer:
         return self._summary(record or self.evaluate(), totals)
 
     def _summary(self, last: dict, totals: dict) -> dict:
-        spread = collective.param_spread(self.model)
+        spread = collective.param_spread(self.model, self.ctx.group)
         out = self.cfg.output.out
         return {
             **self.describe(),
@@ -346,6 +375,7 @@ class Trainer:
             "optimizer": o.optimizer,
             "lr": o.lr,
             "static_graph": static_graph(self.cfg),
+            "comm_hook": self.comm.name,
             "epochs": s.epochs,
             "train_samples": len(self.data.train),
             "test_samples": len(self.data.test),
@@ -354,10 +384,11 @@ class Trainer:
     def banner(self) -> str:
         d = self.describe()
         resumed = f", resumed from {self.resumed_from} at step {self.pos.step}" if self.resumed_from else ""
+        hook = f", {d['comm_hook']} gradients" if d["comm_hook"] != "none" else ""
         return (
             f"train: {d['model']} on {d['dataset']} ({d['train_samples']} train / {d['test_samples']} test), "
             f"{d['world_size']} rank(s) on {d['nodes']} node(s), per-rank batch {d['batch_size']} x "
             f"{d['world_size']} ranks x accum {d['accum_steps']} = global batch {d['global_batch']}, "
-            f"{d['precision']}, {d['backend']} on {d['device']}, {math.ceil(len(self.loader) / d['accum_steps'])}"
+            f"{d['precision']}{hook}, {d['backend']} on {d['device']}, {math.ceil(len(self.loader) / d['accum_steps'])}"
             f" steps/epoch{resumed}"
         )
