@@ -62,7 +62,7 @@ strip_shared_objects() {
     # Not the libraries that auditwheel vendored into <package>.libs: patchelf rewrote
     # them, and strip then leaves them unloadable ("ELF load command ... not page-aligned").
     find "$site" -type d -name '*.libs' -prune -o -type f \( -name '*.so' -o -name '*.so.*' \) -print0 \
-        | xargs -0 strip --strip-unneeded
+        | xargs -0 -n 8 -P "$(nproc)" strip --strip-unneeded
 }
 torch_bin() { find "$site/torch/bin" -mindepth 1 -maxdepth 1 ! -name torch_shm_manager -exec rm -rf {} +; }
 test_suites() { find "$site" -type d -name tests -prune -exec rm -rf {} +; }

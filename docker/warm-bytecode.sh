@@ -8,8 +8,9 @@
 # process would compile torch anew (seconds per rank). Running the workload once here
 # with writing allowed leaves .pyc files for exactly the modules it imports; they are
 # gathered under STAGING with their paths, which the runtime stage copies onto its
-# identical files: the health check, a 2-process DDP training on digits under
-# torchrun, and the report libraries (TensorBoard's SummaryWriter, matplotlib's Agg, tqdm).
+# identical files. One process first (a training on digits: it compiles nearly all),
+# then what only runs in DDP (torchrun, 2 ranks), the health check, and the report
+# libraries (TensorBoard's SummaryWriter, matplotlib's Agg, tqdm).
 set -euo pipefail
 
 staging=${1:?usage: warm-bytecode.sh STAGING}
@@ -17,8 +18,9 @@ marker=$(mktemp)
 work=$(mktemp -d)
 unset PYTHONDONTWRITEBYTECODE
 cd "$work"
+python -m app train --dataset digits --epochs 1 --out "$work/one"
+torchrun --standalone --nproc-per-node 2 -m app train --dataset digits --epochs 1 --out "$work/ddp"
 python -m app check --backend gloo
-torchrun --standalone --nproc-per-node 2 -m app train --dataset digits --epochs 1 --out "$work/digits"
 python -c 'import matplotlib; matplotlib.use("Agg"); import matplotlib.pyplot, torch.utils.tensorboard, tqdm'
 cd / && rm -rf "$work"
 
