@@ -5,8 +5,8 @@
 #
 # Installs exactly the list WHEELHOUSE/requirements.txt with --no-deps (the list is the
 # whole environment: docker/requirements.txt), without bytecode and without pip, which
-# runs from its own wheel in WHEELHOUSE/tools; fails when `pip check` names a missing
-# requirement that the list does not leave out on purpose ("# left-out: NAME" lines).
+# runs from its own wheel in WHEELHOUSE/tools; fails when a requirement is missing that the
+# list does not leave out on purpose (check-venv.sh, beside this script).
 # Then removes what the workload never loads, printing what each trim saved:
 #   strip          symbols of shared objects that nothing links against (strip --strip-unneeded;
 #                  not in <package>.libs, which patchelf rewrote)
@@ -35,15 +35,7 @@ assert '%d.%d' % sys.version_info[:2] == v, f'error: base has Python {sys.versio
 pip install --quiet --no-index --no-deps --no-compile --find-links "$wheelhouse" -r "$wheelhouse/requirements.txt"
 echo "venv: installed $(find "$venv"/lib/python*/site-packages -maxdepth 1 -name '*.dist-info' | wc -l) packages, $(megabytes) MB"
 
-# Every requirement of what is installed is installed too, except the left-out ones.
-normalise() { tr 'A-Z_.' 'a-z--'; }
-left_out=$(sed -n 's/^# left-out: *\([^ ]*\).*/\1/p' "$wheelhouse/requirements.txt" | normalise)
-report=$(pip check 2>&1) || true
-missing=$(sed -n 's/.* requires \([^ ,]*\), which is not installed\./\1/p' <<<"$report" | normalise | sort -u)
-problems=$(grep -v -e ', which is not installed\.$' -e '^No broken requirements' <<<"$report" || true)
-unexpected=$(comm -23 <(echo "$missing" | sed '/^$/d') <(echo "$left_out" | sort -u))
-[[ -z $problems ]] || die "pip check: $(echo "$problems" | head -n1); fix the pins in docker/requirements.txt"
-[[ -z $unexpected ]] || die "pip check: required but not installed: $(echo "$unexpected" | paste -sd' '); pin it in docker/requirements.txt (or add a '# left-out:' line)"
+bash "$(dirname "$0")/check-venv.sh" "$venv" "$wheelhouse/requirements.txt" "${pip_wheels[0]}"
 
 # Only what the workload never loads; tests/docker/test_images.py runs what stays.
 trim() {  # NAME COMMAND...: run COMMAND, print what it saved

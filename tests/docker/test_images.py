@@ -4,6 +4,7 @@ Run: ``.venv/bin/python -m pytest tests/docker/test_images.py``.
 """
 
 import json
+import shutil
 
 import pytest
 
@@ -137,6 +138,31 @@ def test_trimmed_image_still_trains_reports_and_loads_bytecode(cpu_image):
     assert any("/torch/" in line for line in hidden), hidden
 
 
+@pytest.mark.parametrize("left_out", [False, True])
+def test_venv_check_names_a_required_package_that_is_missing(cpu_image, tmp_path, left_out):
+    """docker/check-venv.sh on a venv holding python-dateutil without its requirement tzdata:
+    an error naming tzdata and the fix, unless the list leaves tzdata out on purpose (the control)."""
+    house = ROOT / "build" / "wheelhouse" / "cpu"
+    for wheel in (*house.glob("python_dateutil-*.whl"), *house.glob("tools/pip-*.whl")):
+        shutil.copy(wheel, tmp_path)
+    lines = ["python-dateutil", *(["# left-out: tzdata   python-dateutil's time zones"] if left_out else [])]
+    (tmp_path / "requirements.txt").write_text("\n".join(lines) + "\n")
+    script = (
+        "pip=$(echo /w/pip-*.whl) && python3 -m venv --without-pip /tmp/v"
+        " && /tmp/v/bin/python $pip/pip install -q --no-index --no-deps /w/python_dateutil-*.whl"
+        " && bash /docker/check-venv.sh /tmp/v /w/requirements.txt $pip"
+    )
+    mounts = ["-v", f"{tmp_path}:/w:ro", "-v", f"{ROOT / 'docker'}:/docker:ro"]
+    cmd = ["docker", "run", "--rm", "--network", "none", "--user", "root", *mounts, "--entrypoint", "bash"]
+    proc = run([*cmd, cpu_image, "-c", script], 120)
+    if left_out:
+        assert proc.returncode == 0 and "left out on purpose (tzdata)" in proc.stdout, explain(proc)
+    else:
+        assert proc.returncode == 1, explain(proc)
+        assert proc.stderr.startswith("error: pip check: required but not installed: tzdata;"), explain(proc)
+        assert proc.stderr.count("\n") == 1 and "docker/requirements.txt" in proc.stderr, explain(proc)
+
+
 @pytest.mark.parametrize(
     ("cmd", "message"),
     [
@@ -144,6 +170,7 @@ def test_trimmed_image_still_trains_reports_and_loads_bytecode(cpu_image):
         (["docker/build-image.sh", "--flavour", "cpu", "--base", "cloud"], "BASE must be auto, upstream or local"),
         (["docker/fill-wheelhouse.sh", "--out", "/tmp/x", "--torch", "numpy"], "--torch must be a torch requirement"),
         (["docker/setup-engine.sh", "--nope"], "unknown argument"),
+        (["docker/tools-venv.sh", "--python", "no-such-python3"], "'no-such-python3' does not run"),
     ],
 )
 def test_bad_build_input_is_one_line_error(cmd, message):
