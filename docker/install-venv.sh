@@ -3,10 +3,11 @@
 #
 #   install-venv.sh WHEELHOUSE VENV PYTHON_VERSION
 #
-# Installs exactly the list WHEELHOUSE/requirements.txt with --no-deps (the list is the
-# whole environment: docker/requirements.txt), without bytecode and without pip, which
-# runs from its own wheel in WHEELHOUSE/tools; fails when a requirement is missing that the
-# list does not leave out on purpose (check-venv.sh, beside this script).
+# Installs the list WHEELHOUSE/requirements.txt and what it requires (from the wheelhouse
+# only; for the CUDA torch that includes its nvidia-* libraries), without bytecode and
+# without pip, which runs from its own wheel in WHEELHOUSE/tools; then uninstalls the
+# packages the list leaves out on purpose ("# left-out: NAME" lines) and fails when any
+# other requirement is missing (check-venv.sh, beside this script).
 # Then removes what the workload never loads, printing what each trim saved:
 #   strip          symbols of shared objects that nothing links against (strip --strip-unneeded;
 #                  not in <package>.libs, which patchelf rewrote)
@@ -32,8 +33,10 @@ pip() { "$venv/bin/python" "${pip_wheels[0]}/pip" --disable-pip-version-check --
 "python$version" -m venv --without-pip "$venv"
 "$venv/bin/python" -c "import sys; v = '$version'; \
 assert '%d.%d' % sys.version_info[:2] == v, f'error: base has Python {sys.version.split()[0]}, wheelhouse is for {v}'"
-pip install --quiet --no-index --no-deps --no-compile --find-links "$wheelhouse" -r "$wheelhouse/requirements.txt"
-echo "venv: installed $(find "$venv"/lib/python*/site-packages -maxdepth 1 -name '*.dist-info' | wc -l) packages, $(megabytes) MB"
+pip install --quiet --no-index --no-compile --find-links "$wheelhouse" -r "$wheelhouse/requirements.txt"
+mapfile -t left_out < <(sed -n 's/^# left-out: *\([^ ]*\).*/\1/p' "$wheelhouse/requirements.txt")
+((${#left_out[@]} == 0)) || pip uninstall --quiet --yes "${left_out[@]}" 2>&1 | { grep -v 'WARNING: Skipping' || true; }
+echo "venv: installed $(find "$venv"/lib/python*/site-packages -maxdepth 1 -name '*.dist-info' | wc -l) packages, $(megabytes) MB (left out: ${left_out[*]})"
 
 bash "$(dirname "$0")/check-venv.sh" "$venv" "$wheelhouse/requirements.txt" "${pip_wheels[0]}"
 
