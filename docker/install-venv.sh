@@ -10,7 +10,7 @@
 # other requirement is missing (check-venv.sh, beside this script).
 # Then removes what the workload never loads, printing what each trim saved:
 #   strip          symbols of shared objects that nothing links against (strip --strip-unneeded;
-#                  not in <package>.libs, which patchelf rewrote)
+#                  not in <package>.libs, which patchelf rewrote, nor NVIDIA's libraries)
 #   torch/bin      torch's C++ test programs and protoc (torch_shm_manager stays)
 #   torch/test, torch/include   torch's C++ tests and headers (the image has no compiler)
 #   tests          the packages' own test suites (<package>/**/tests)
@@ -56,7 +56,9 @@ strip_shared_objects() {
     fi
     # Not the libraries that auditwheel vendored into <package>.libs: patchelf rewrote
     # them, and strip then leaves them unloadable ("ELF load command ... not page-aligned").
-    find "$site" -type d -name '*.libs' -prune -o -type f \( -name '*.so' -o -name '*.so.*' \) -print0 \
+    # Nor NVIDIA's own (the cuda flavour's nvidia-* packages): shipped stripped already.
+    find "$site" -type d \( -name '*.libs' -o -path "$site/nvidia" \) -prune \
+        -o -type f \( -name '*.so' -o -name '*.so.*' \) -print0 \
         | xargs -0 -n 8 -P "$(nproc)" strip --strip-unneeded
 }
 torch_bin() { find "$site/torch/bin" -mindepth 1 -maxdepth 1 ! -name torch_shm_manager -exec rm -rf {} +; }
