@@ -56,7 +56,7 @@ main_line=$(grep -m1 '^deb ' "$rootfs/etc/apt/sources.list")
 } >"$rootfs/etc/apt/sources.list"
 
 # Same trimming as Debian's official slim images: no caches, host identity, docs or
-# translations (/usr/share/locale: 33 MB), and dpkg keeps later packages from adding them.
+# translations (/usr/share/locale: 32 MB), and dpkg keeps later packages from adding them.
 rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/cache/apt/archives/*.deb \
        "$rootfs"/usr/share/doc/* "$rootfs"/usr/share/man/* "$rootfs"/usr/share/info/* "$rootfs"/usr/share/locale/* \
        "$rootfs"/var/log/*.log "$rootfs"/etc/hostname "$rootfs"/tmp/*
