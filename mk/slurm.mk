@@ -46,8 +46,3 @@ slurm-down: ## Remove the mini-cluster's containers, network and volumes.
 # `make test` runs tests/slurm: it needs the mini-cluster's image.
 TEST_PREREQS += slurm-image
 
-.PHONY: lint-slurm
-lint-slurm: venv ## hadolint on the mini-cluster's Dockerfile (part of make lint).
-	$(VENV)/bin/hadolint cluster/slurm/Dockerfile
-
-lint: lint-slurm
