@@ -21,6 +21,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -107,14 +108,15 @@ def _relaunch(bench: BenchConfig, argv: Sequence[str]) -> int:
         raise ClusterError(f"bench did not finish within --launch-timeout {bench.launch_timeout:g}s") from None
 
 
-def train_config(bench: BenchConfig, speed: SpeedConfig) -> TrainConfig:
-    """app train's configuration on the benchmark's data: the seed's MLP and batch, ``speed`` as given."""
+def train_config(bench: BenchConfig, speed: SpeedConfig, out: Path) -> TrainConfig:
+    """app train's configuration on the benchmark's data: the seed's MLP and batch, ``speed`` as given; rank 0
+    records its progress in ``out`` as app train does (no checkpoints: the benchmark times epochs only)."""
     return TrainConfig(
         data=DataConfig(dataset="synthetic", input_shape=SHAPE, train_samples=bench.samples, test_samples=BATCH),
         model=ModelConfig(model="mlp"),
         steps=StepsConfig(batch_size=BATCH),
         speed=speed,
-        output=OutputConfig(out=Path("."), tensorboard=False, quiet=True),
+        output=OutputConfig(out=out, tensorboard=False, quiet=True, checkpoint_every_seconds=0),
     )
 
 
@@ -252,11 +254,11 @@ def format_report(r: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     """Relaunch under torchrun when alone, else measure on these ranks; rank 0 reports."""
     bench, dist_cfg = flags.from_args(BenchConfig, args), dist_config_from_args(args)
-    cfg = train_config(bench, flags.from_args(SpeedConfig, args))
     proc = this_process(dist_cfg)
     if proc.world_size == 1 and bench.nproc_per_node > 1:
         return _relaunch(bench, args.argv)
-    with process_group(proc, dist_cfg) as ctx:
+    with process_group(proc, dist_cfg) as ctx, tempfile.TemporaryDirectory(prefix="ddp-bench-") as out:
+        cfg = train_config(bench, flags.from_args(SpeedConfig, args), Path(out))
         report = measure(ctx, variants(cfg, bench.sweep), bench.rounds)
     if proc.is_main:
         print(format_report(report), flush=True)

@@ -8,6 +8,10 @@
 One optimizer step is ``accum_steps`` micro-batches; gradients are all-reduced on the last one
 only (``no_sync`` on the others) and each micro-batch's loss is divided by the group's size.
 
+After each optimizer step rank 0 records the step in OUT/progress (``app.progress``: what a
+restarted job reports as lost), and every ``--exchange-every`` steps the ranks share their step
+times (``watch``: the straggler, and whether ``--checkpoint-every-seconds`` is due).
+
 Step hooks are the extension point: each is called on every rank as ``hook(trainer, step)`` after
 optimizer step ``step`` (1, 2, ...) has been taken and checkpointed (``--checkpoint-every``), before
 the ``--max-steps`` check. A hook may read the trainer (``pos``, ``last_loss``, ``model``, ``ctx``)
@@ -26,9 +30,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from app import progress
 from app.errors import UsageError, first_line
 from app.platform.distributed import DistContext
-from app.train import checkpoint, collective, models
+from app.train import checkpoint, collective, models, watch
 from app.train import precision as amp
 from app.train.config import TrainConfig
 from app.train.data import Dataset
@@ -122,7 +127,12 @@ class Trainer:
         self.last_loss = torch.zeros((), device=ctx.device)
         """This rank's loss of the latest micro-batch (detached; ``.item()`` waits for the device)."""
         self.resumed_from: str | None = None
+        self.previous: progress.Resumed | None = None
+        """Where this run started again after an earlier attempt, and what that attempt had done (``resume``)."""
+        self.watch = watch.Watch(cfg.health, ctx, self.model)
+        self.progress = progress.Recorder(cfg.output.out) if ctx.proc.is_main else None
         self._saved_step = -1
+        self._saved_at = time.monotonic()
 
     # --- identity and state -------------------------------------------------------------------
 
@@ -171,6 +181,11 @@ class Trainer:
         self._saved_step = self.pos.step
         self.resumed_from = source
 
+    def resume(self, reached: int | None) -> None:
+        """Note where this run starts relative to an earlier attempt that reached step ``reached`` (None: unknown)."""
+        if self.resumed_from or (reached or 0) > self.pos.step:
+            self.previous = progress.Resumed(self.pos.step, self.resumed_from, reached)
+
     def _check_position(self, state: dict, source: str) -> None:
         if state["batch"] == 0:
             return  # an epoch boundary: any world size or batch size can continue from here
@@ -184,22 +199,29 @@ class Trainer:
 
     def _save(self) -> None:
         """Checkpoint the current position (a collective: every rank calls it; rank 0 writes)."""
+        start = time.perf_counter()
+        self.watch.doing = (watch.CHECKPOINT, self.pos.step)
         rng = collective.gather_rng(self.ctx.device)
         if self.ctx.proc.is_main:
             out = self.cfg.output
             path = checkpoint.save(out.out, self._state(rng), self.pos.step, out.keep_checkpoints)
             self.reporter.event("checkpoint", step=self.pos.step, epoch=self.pos.epoch, path=str(path))
         self._saved_step = self.pos.step
+        self._saved_at = time.monotonic()
+        self.watch.window.idle += time.perf_counter() - start
 
     # --- the loop -------------------------------------------------------------------------------
 
     def _run_batch(self, x: torch.Tensor, y: torch.Tensor, sync: bool, weight: float) -> torch.Tensor:
         """Forward and backward of one micro-batch; gradients all-reduced only when ``sync``."""
+        if sync:
+            self.watch.doing = (watch.GRADIENTS, self.pos.step + 1)
         with nullcontext() if sync else self.ddp.no_sync():
             with self.precision.autocast():
                 loss = F.cross_entropy(self.ddp(x), y)
             scaled = loss * weight if weight != 1.0 else loss
             (self.precision.scaler.scale(scaled) if self.precision.scaler else scaled).backward()
+        self.watch.backward_done()
         return loss.detach()
 
     def _optimizer_step(self) -> None:
@@ -213,13 +235,26 @@ class Trainer:
         self.pos.step += 1
 
     def _after_step(self) -> bool:
-        """Checkpoint, step hooks and step limit after an optimizer step; False: stop now."""
+        """Progress, exchange, checkpoint, step hooks and step limit after an optimizer step; False: stop now."""
         out, step = self.cfg.output, self.pos.step
-        if out.checkpoint_every and step % out.checkpoint_every == 0:
+        if self.progress is not None:
+            self.progress.record(step)
+        self.watch.window.steps += 1
+        due = bool(out.checkpoint_every and step % out.checkpoint_every == 0)
+        if self.watch.due(step):
+            due = self._exchange(step) or due
+        if due:
             self._save()
         for hook in self.step_hooks:
             hook(self, step)
         return not (self.cfg.steps.max_steps and step >= self.cfg.steps.max_steps)
+
+    def _exchange(self, step: int) -> bool:
+        """Share step times (a collective); rank 0 reports the slowest rank. True: a time-based checkpoint is due."""
+        record, line, since_checkpoint = self.watch.exchange(step, time.monotonic() - self._saved_at)
+        self.reporter.ranks(record, line)
+        every = self.cfg.output.checkpoint_every_seconds
+        return bool(every) and since_checkpoint >= every
 
     def train_epoch(self) -> EpochStats:
         """Train from the current position to the end of its epoch, or until --max-steps; what this rank did."""
@@ -227,8 +262,12 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.ctx.device)
         samples, steps, stopped = 0, 0, False
         start = time.perf_counter()
+        self.watch.new_window()
+        clock = self.watch.window
         with self.reporter.bar(epoch, self.cfg.steps.epochs, self.pos.batch, total) as bar:
+            fetch = time.perf_counter()
             for i, (x, y) in enumerate(self.loader.epoch(epoch, self.pos.batch), self.pos.batch):
+                clock.data += time.perf_counter() - fetch
                 group_start = i - i % k
                 group_size = min(k, total - group_start)
                 boundary = i + 1 == group_start + group_size
@@ -243,6 +282,8 @@ class Trainer:
                     if not self._after_step():
                         stopped = True
                         break
+                    clock = self.watch.window  # a new one after an exchange
+                fetch = time.perf_counter()
         seconds = time.perf_counter() - start
         if not stopped or self.pos.batch >= total:
             self.pos = Position(epoch + 1, 0, self.pos.step)
@@ -251,6 +292,7 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> dict:
         """Test loss and accuracy over all ranks, every test sample counted exactly once."""
+        self.watch.doing = (watch.EVALUATION, self.pos.step)
         self.model.eval()
         loss_sum, correct, count = 0.0, 0.0, 0.0
         for x, y in eval_batches(self.data.test, self.rank, self.world, EVAL_BATCH, self.ctx.device):
@@ -291,6 +333,9 @@ class Trainer:
         o, out = self.cfg.steps, self.cfg.output
         start = {**self.describe(), "resumed_from": self.resumed_from, "position": vars(self.pos)}
         self.reporter.start(start, self.banner(), self.pos.step)
+        if self.previous is not None:
+            self.reporter.resumed(self.previous, self.ctx.proc.restart_count)
+        self._saved_at = time.monotonic()
         record: dict = {}
         totals = {"samples": 0.0, "seconds": 0.0}
         go_on = self.pos.epoch < o.epochs and not (o.max_steps and self.pos.step >= o.max_steps)
@@ -306,6 +351,8 @@ class Trainer:
                 self._save()
         if self._saved_step != self.pos.step:
             self._save()
+        if self.progress is not None:
+            self.progress.close()
         return self._summary(record or self.evaluate(), totals)
 
     def _summary(self, last: dict, totals: dict) -> dict:
@@ -353,11 +400,10 @@ class Trainer:
 
     def banner(self) -> str:
         d = self.describe()
-        resumed = f", resumed from {self.resumed_from} at step {self.pos.step}" if self.resumed_from else ""
         return (
             f"train: {d['model']} on {d['dataset']} ({d['train_samples']} train / {d['test_samples']} test), "
             f"{d['world_size']} rank(s) on {d['nodes']} node(s), per-rank batch {d['batch_size']} x "
             f"{d['world_size']} ranks x accum {d['accum_steps']} = global batch {d['global_batch']}, "
             f"{d['precision']}, {d['backend']} on {d['device']}, {math.ceil(len(self.loader) / d['accum_steps'])}"
-            f" steps/epoch{resumed}"
+            " steps/epoch"
         )

@@ -55,6 +55,12 @@ def test_killed_job_resumes_to_the_same_parameters(tmp_path) -> None:
     assert starts[1]["resumed_from"].endswith("step-00000005.pt")
     assert starts[1]["position"] == {"epoch": 0, "batch": 5, "step": 5}
     assert summary(crashed)["resumed_from"].endswith("step-00000005.pt")
+    # Rank 0 recorded step 7 (the crash came after it), so the restart knows it redoes steps 6 and 7.
+    resumes = [m for m in metrics(crashed) if m["event"] == "resume"]
+    assert [(m["from_step"], m["reached"], m["lost"]) for m in resumes] == [(5, 7, 2)], resumes
+    assert resumes[0]["checkpoint"].endswith("step-00000005.pt") and resumes[0]["restart_count"] == 1
+    line = f"train: resumed from step 5 (checkpoint {resumes[0]['checkpoint']}), 2 steps lost"
+    assert f"{line} (the failed attempt reached step 7)" in done.stdout.splitlines(), done.stdout[-2000:]
     assert _steps(crashed) == _steps(reference) == [5, 8, 10, 15, 16]
 
     want, got = final_params(reference), final_params(crashed)
