@@ -528,4 +528,7 @@ def run(args: argparse.Namespace) -> int:
         return subprocess.run(
             job.compose("logs", "--no-color", "--timestamps", every_profile=True), check=False
         ).returncode
-    return _up(job, args.results)
+    status = _up(job, args.results)
+    if status:
+        raise SystemExit(status)  # its lines are said: no generic "exited with status" line after them
+    return 0

@@ -180,6 +180,26 @@ class Trainer:
         self.pos = Position(state["epoch"], state["batch"], state["step"])
         self._saved_step = self.pos.step
         self.resumed_from = source
+        self._lay_out_buckets()
+
+    def _lay_out_buckets(self) -> None:
+        """Let DDP order its gradient buckets now, as the uninterrupted run did in its first steps.
+
+        DDP settles its bucket order over its first two backward passes (static_graph's first one
+        all-reduces every gradient at its end; then buckets are rebuilt in the order gradients became
+        ready). gloo and NCCL sum each element in an order that depends on its place in the bucket,
+        and with more than two ranks another order rounds differently: a resumed run would drift
+        from the uninterrupted one by rounding (4 ranks: ~1e-8 after a few steps). Two backward
+        passes of a zero loss (eval mode: BatchNorm statistics stay; no optimizer step; the zero
+        gradients are dropped) leave the buckets as the uninterrupted run has them.
+        """
+        self.model.eval()
+        x = self.loader.split.x[: self.cfg.steps.batch_size].to(self.ctx.device)
+        for _ in range(2):
+            with self.precision.autocast():
+                (self.ddp(x).float().sum() * 0.0).backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.train()
 
     def resume(self, reached: int | None) -> None:
         """Note where this run starts relative to an earlier attempt that reached step ``reached`` (None: unknown)."""
