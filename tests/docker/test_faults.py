@@ -83,52 +83,54 @@ def restart_line(job: FaultRun, stdout: str) -> tuple[str, re.Match]:
     return lines[0], resumed
 
 
-def test_a_killed_training_process_is_restarted_and_the_job_ends_as_if_nothing_happened(fault_run, reference):
-    proc = fault_run.start(HOOKS)
-    marker = fault_run.marker(proc)
+def recovers(job: FaultRun, reference: dict, fault) -> str:
+    """Run the job, call ``fault(marker)`` at the fault step; the job must end 0 with the reference's state.
+    Returns the restart line."""
+    proc = job.start(HOOKS)
+    marker = job.marker(proc)
     assert (marker["step"], marker["rank"]) == (FAULT_STEP, 3)
-    killed = fault_run.docker("exec", fault_run.container("worker"), "kill", "-9", str(marker["pid"]))
-    assert killed.returncode == 0, killed.stderr
-    done = fault_run.finish(proc)
+    fault(marker)
+    done = job.finish(proc)
     assert done.returncode == 0, explain(done)
-    line, _ = restart_line(fault_run, done.stdout)
-    assert line.startswith(
-        f"cluster: restart 1: rank 3 (local rank 1 on {fault_run.container('worker')}) ended with signal 9 (SIGKILL); "
-    ), line
-    assert_same_training(fault_run.final_state(), reference)
+    line, _ = restart_line(job, done.stdout)
+    assert_same_training(job.final_state(), reference)
+    return line
+
+
+def test_a_killed_training_process_is_restarted_and_the_job_ends_as_if_nothing_happened(fault_run, reference):
+    worker = fault_run.container("worker")
+
+    def kill_rank_3(marker: dict) -> None:
+        assert fault_run.docker("exec", worker, "kill", "-9", str(marker["pid"])).returncode == 0
+
+    line = recovers(fault_run, reference, kill_rank_3)
+    assert line.startswith(f"cluster: restart 1: rank 3 (local rank 1 on {worker}) ended with signal 9 (SIGKILL); ")
 
 
 def test_a_killed_worker_container_is_started_again_and_the_job_ends_as_if_nothing_happened(fault_run, reference):
-    proc = fault_run.start(HOOKS)
-    fault_run.marker(proc)
     worker = fault_run.container("worker")
-    assert fault_run.docker("kill", worker).returncode == 0
-    done = fault_run.finish(proc)
-    assert done.returncode == 0, explain(done)
-    line, _ = restart_line(fault_run, done.stdout)
+    line = recovers(fault_run, reference, lambda _: fault_run.docker("kill", worker))
     assert line.startswith(f"cluster: restart 1: {worker} (ranks 2-3) stopped with signal 9 (SIGKILL); "), line
-    assert_same_training(fault_run.final_state(), reference)
 
 
 def test_a_paused_worker_is_named_and_after_unpause_the_job_resumes(fault_run, reference):
-    proc = fault_run.start(HOOKS)
-    fault_run.marker(proc)
     worker = fault_run.container("worker")
-    assert fault_run.docker("pause", worker).returncode == 0
-    try:
-        time.sleep(COLLECTIVE_TIMEOUT + 10)  # the head's ranks time out, name the silent ones, and restart
-    finally:
-        assert fault_run.docker("unpause", worker).returncode == 0
-    done = fault_run.finish(proc)
-    assert done.returncode == 0, explain(done)
-    line, _ = restart_line(fault_run, done.stdout)
+
+    def pause_past_the_timeout(_marker: dict) -> None:
+        assert fault_run.docker("pause", worker).returncode == 0
+        try:
+            time.sleep(COLLECTIVE_TIMEOUT + 10)  # the head's ranks time out, name the silent ones, and restart
+        finally:
+            assert fault_run.docker("unpause", worker).returncode == 0
+
+    line = recovers(fault_run, reference, pause_past_the_timeout)
     said = re.match(
-        rf"cluster: restart 1: ranks 2-3 on {worker} stopped answering: the gradient all-reduce of step (\d+) failed "
-        rf"\(Timed out waiting {COLLECTIVE_TIMEOUT * 1000}ms for recv operation to complete\); 2 of 4 ranks answer",
+        rf"cluster: restart 1: ranks 2-3 on {worker} stopped answering: the gradient all-reduce of step (\d+) "
+        rf"failed \(Timed out waiting {COLLECTIVE_TIMEOUT * 1000}ms for (send|recv) operation to complete\); "
+        "2 of 4 ranks answer",
         line,
     )
     assert said and int(said[1]) > FAULT_STEP, line
-    assert_same_training(fault_run.final_state(), reference)
 
 
 def test_the_head_lost_ends_the_job_within_the_bound_with_one_line(fault_run):
@@ -158,15 +160,25 @@ def test_the_head_lost_ends_the_job_within_the_bound_with_one_line(fault_run):
 def test_a_full_results_volume_fails_with_one_line_keeps_the_last_checkpoint_and_resumes_once_freed(
     fault_run, reference
 ):
-    # The results volume is a 24 MiB tmpfs (made before compose up, with compose's labels, so compose
-    # adopts and removes it); the job fills it at step 25, leaving 1 MiB: the checkpoint of step 30 needs ~2.4.
-    volume = f"{fault_run.project}_results"
+    # The results volume is a 24 MiB tmpfs, made before compose up with compose's labels (compose adopts it,
+    # and removes it at cluster down); a holder container keeps it mounted (a tmpfs volume that no container
+    # mounts is empty). The job fills it at step 25, leaving 1 MiB: the checkpoint of step 30 needs ~2.4.
+    volume, holder = f"{fault_run.project}_results", f"{fault_run.project}-holder"
     made = fault_run.docker(
         "volume", "create", "--driver", "local", "--opt", "type=tmpfs", "--opt", "device=tmpfs",
         "--opt", "o=size=24m,uid=1000,gid=1000,mode=0755", "--label", f"com.docker.compose.project={fault_run.project}",
         "--label", "com.docker.compose.volume=results", volume,
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
+    hold = ["-d", "--name", holder, "--network", "none", "-v", f"{volume}:/results", "--entrypoint", "sleep"]
+    assert fault_run.docker("run", *hold, fault_run.image, "infinity").returncode == 0
+    try:
+        disk_full_then_freed(fault_run, reference, volume, holder)
+    finally:
+        fault_run.docker("rm", "--force", holder)
+
+
+def disk_full_then_freed(fault_run: FaultRun, reference: dict, volume: str, holder: str) -> None:
     proc = fault_run.start([*HOOKS, "--fill-disk", "--leave-mib", "1"])
     marker = fault_run.marker(proc)
     done = fault_run.finish(proc)
@@ -188,9 +200,7 @@ def test_a_full_results_volume_fails_with_one_line_keeps_the_last_checkpoint_and
     assert sorted(p.name for p in checkpoints.iterdir()) == [f"step-{s:08d}.pt" for s in (10, 20, 23)]
     assert torch.load(checkpoints / "step-00000023.pt", map_location="cpu", weights_only=True)["step"] == 23
 
-    mount = ["-v", f"{volume}:/results", "--entrypoint", "rm"]
-    freed = fault_run.docker("run", "--rm", "--network", "none", *mount, fault_run.image, f"{OUT}/filler")
-    assert freed.returncode == 0, freed.stderr
+    assert fault_run.docker("exec", holder, "rm", f"{OUT}/filler").returncode == 0
     again = fault_run.finish(fault_run.start([]))
     assert again.returncode == 0, explain(again)
     assert "cluster: resumed from step 23 (checkpoint /results/f/checkpoints/step-00000023.pt)" in again.stdout
