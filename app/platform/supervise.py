@@ -179,10 +179,10 @@ class Run:
         profile = ["--profile", "mpi"] if every_profile or self.spec.job.launcher == "mpirun" else []
         return ["docker", "compose", *project, *files, *profile, "--progress", "quiet", *args]
 
-    def say(self, text: str, stream=sys.stdout) -> None:
-        """A line for the user (and the log)."""
+    def say(self, text: str, stream=None) -> None:
+        """A line for the user (stdout unless ``stream`` is given), kept in ``notes``."""
         with self.lock:
-            print(text, file=stream, flush=True)
+            print(text, file=stream or sys.stdout, flush=True)
             self.notes.append(text)
 
     def log(self, text: str) -> None:
@@ -249,7 +249,7 @@ class Run:
                 return
             self.gave_up = status
         for said in [line] if line else dict.fromkeys(self.errors):
-            self.say(said, sys.stderr)
+            self.say(self.with_names(said), sys.stderr)
         self.say(f"cluster: not restarted: {why}; the job was stopped", sys.stderr)
         _docker("stop", "--time", str(STOP_GRACE_S), self.main_container)
 
@@ -258,7 +258,7 @@ class Run:
         if self.incident is None or self.gave_up:
             return
         for line in dict.fromkeys(self.errors):
-            self.say(line, sys.stderr)
+            self.say(self.with_names(line), sys.stderr)
         if not self.errors:
             self.say(f"cluster: the job did not resume: {self.incident.cause}", sys.stderr)
 
@@ -277,7 +277,8 @@ class Run:
     def with_names(self, text: str) -> str:
         """``text`` with the containers' host names (``on 3f2a...``) replaced by their names."""
         for host, name in self._containers().items():
-            text = re.sub(rf"\bon {re.escape(host)}\b", f"on {name}", text)
+            if host != compose.HEAD:  # the head's host name says what it is; a worker's is its container id
+                text = re.sub(rf"\bon {re.escape(host)}\b", f"on {name}", text)
         return text
 
     def node_ranks(self, container: str) -> list[int]:

@@ -77,7 +77,7 @@ def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], N
         resume, reached = main_decides(lambda: _resume_state(cfg, trainer.identity), ctx.proc.is_main)
         if resume is not None:
             trainer.restore(*resume)
-        trainer.resume(reached)
+        trainer.note_previous_attempt(reached)
         try:
             summary = trainer.fit()
         except RuntimeError as error:  # a collective that timed out or lost a peer: name the ranks that stopped

@@ -136,7 +136,7 @@ class Reporter:
         if not self.enabled:
             return
         atomic_write_text(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")
-        self._append({"event": "end", **{k: summary[k] for k in ("step", "test_accuracy", "params_identical")}})
+        self.event("end", **{k: summary[k] for k in ("step", "test_accuracy", "params_identical")})
         print(format_summary(summary), file=self.stream, flush=True)
 
     def close(self) -> None:

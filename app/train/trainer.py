@@ -2,6 +2,7 @@
 
     trainer = Trainer(cfg, ctx, data, reporter)   # inside app.platform.distributed.process_group
     trainer.restore(state, source)                  # optional, from checkpoint.load
+    trainer.note_previous_attempt(reached)          # optional: the step an earlier attempt reached (app.progress)
     trainer.step_hooks.append(hook)                 # optional: hook(trainer, step) after each optimizer step
     summary = trainer.fit()                         # or: stats = trainer.train_epoch(), one epoch at a time
 
@@ -201,7 +202,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.model.train()
 
-    def resume(self, reached: int | None) -> None:
+    def note_previous_attempt(self, reached: int | None) -> None:
         """Note where this run starts relative to an earlier attempt that reached step ``reached`` (None: unknown)."""
         if self.resumed_from or (reached or 0) > self.pos.step:
             self.previous = progress.Resumed(self.pos.step, self.resumed_from, reached)

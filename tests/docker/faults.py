@@ -47,9 +47,9 @@ class FaultRun:
             "--results", str(self.results), "--script", JOB, "--args", args, *spec,
         ]  # fmt: skip
 
-    def start(self, hooks: list[str], *spec: str) -> subprocess.Popen:
+    def start(self, hooks: list[str], *spec: str, train: list[str] = TRAIN) -> subprocess.Popen:
         """``python -m app cluster up`` with the fault job, in the background."""
-        cmd = self.command(["--marker", MARKER, *hooks], *spec)
+        cmd = self.command(["--marker", MARKER, *hooks], *spec, train=train)
         return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def container(self, service: str) -> str:
