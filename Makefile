@@ -9,6 +9,8 @@ TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 NPROC ?= 2
 PY := $(VENV)/bin/python
+# Every Dockerfile of the repository, for hadolint.
+DOCKERFILES = $(shell git ls-files -co --exclude-standard | grep -E '(^|/)([^/]+\.)?Dockerfile$$' | sort)
 # Every shell script of the repository (by extension or by a bash/sh shebang), for shellcheck.
 SHELL_SCRIPTS = $(shell git ls-files -co --exclude-standard | xargs grep -lsE '^\#!/(usr/)?bin/(env )?(ba)?sh' | sort)
 
@@ -65,7 +67,7 @@ lint: venv host-deps ## Lint: ruff (check + format), yamllint, ansible-lint (pro
 	$(PY) -m ruff format --check app tests cluster
 	$(VENV)/bin/yamllint -s .
 	cd ansible && ../$(VENV)/bin/ansible-lint
-	$(VENV)/bin/hadolint docker/Dockerfile docker/wheelhouse.Dockerfile
+	$(VENV)/bin/hadolint $(DOCKERFILES)
 	shellcheck $(SHELL_SCRIPTS)
 
 -include $(wildcard mk/*.mk)

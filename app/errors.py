@@ -1,6 +1,8 @@
 """Errors that the command line turns into a one-line message and exit status 2."""
 
 import re
+import sys
+from collections.abc import Callable
 
 
 class UsageError(Exception):
@@ -8,7 +10,25 @@ class UsageError(Exception):
 
 
 class ClusterError(Exception):
-    """The cluster misbehaved (rendezvous timed out, a collective failed): exit status 1."""
+    """The cluster misbehaved (rendezvous timed out, a collective failed): exit status 1, or the
+    failed job's own status where one is known (a cluster job that ended with 137, say)."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def exit_status_of(action: Callable[[], int]) -> int:
+    """Run ``action`` (a script's main, not an app command: those have app.logs): its status, or one
+    line on stderr and 2 for a UsageError, the ClusterError's status (1 unless it names one)."""
+    try:
+        return int(action())
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except ClusterError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.status
 
 
 def first_line(error: BaseException) -> str:

@@ -4,14 +4,15 @@
 #   docker/build-image.sh --flavour cpu  [--base auto|upstream|local] [--tag ddp-cluster:cpu]
 #   docker/build-image.sh --flavour cuda [--base ...] [--torch-cuda 'torch==2.13.0']
 #
-# Steps: pick the base (--base upstream: python:3.11-slim-bookworm or nvidia/cuda,
-# pulled if missing; local: ddp-cluster-base:bookworm from docker/build-base.sh;
-# auto: upstream when present or pullable, else local), fill the host wheelhouse
-# (docker/fill-wheelhouse.sh; a no-op when up to date), wrap it in the image
-# ddp-cluster-wheels:<flavour>, then build docker/Dockerfile's target <flavour>.
-# The cuda flavour on the local base is CI's stand-in: Debian, no CUDA libraries,
-# the CPU torch wheel (labelled org.ddp-cluster.cuda-standin=1). Full build log:
-# build/logs/image-<flavour>.log.
+# Steps, overlapped where they can be: the host wheelhouse fills in the background
+# (docker/fill-wheelhouse.sh; a no-op when up to date) while the engine is made ready
+# (docker/setup-engine.sh) and the base is picked (--base upstream: python:3.11-slim-bookworm
+# or nvidia/cuda, pulled if missing; local: ddp-cluster-base:bookworm, built by
+# docker/build-base.sh if missing; auto: upstream when present or pullable, else local);
+# then the wheelhouse becomes the image <name>-wheels:<flavour> and docker/Dockerfile's
+# target <flavour> is built. The cuda flavour on the local base is CI's stand-in: Debian,
+# no CUDA libraries, the CPU torch wheel (labelled org.ddp-cluster.cuda-standin=1).
+# Every step prints its duration. Full build log: build/logs/image-<flavour>.log.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,7 +41,7 @@ while (($#)); do
         --torch-cuda) torch_cuda=$2; shift 2 ;;
         --wheelhouse) wheelhouse=$2; shift 2 ;;
         --python) python=$2; shift 2 ;;
-        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "error: unknown argument '$1'; see $0 --help" >&2; exit 2 ;;
     esac
 done
@@ -50,7 +51,7 @@ say() { echo "image: $*"; }
 case $flavour in cpu|cuda) ;; *) die "--flavour must be cpu or cuda (got '$flavour')" ;; esac
 case $base in auto|upstream|local) ;; *) die "BASE must be auto, upstream or local (got '$base')" ;; esac
 tag=${tag:-ddp-cluster:$flavour}
-docker info >/dev/null 2>&1 || die "no Docker engine answers; run 'make engine' first"
+begin=$SECONDS
 
 present_or_pulled() {  # IMAGE SECONDS: a registry that does not answer costs at most SECONDS
     docker image inspect "$1" >/dev/null 2>&1 || timeout "$2" docker pull -q "$1" >/dev/null 2>&1
@@ -70,31 +71,53 @@ pick_base() {  # prints the base image to build from
     esac
 }
 
-if [[ $flavour == cpu ]]; then base_image=$(pick_base "$cpu_upstream"); else base_image=$(pick_base "$cuda_upstream"); fi
-standin=0
-torch=$torch_cpu
-house=cpu
-if [[ $flavour == cuda ]]; then
-    if [[ $base_image == "$local_base" ]]; then
-        standin=1
-        say "cuda flavour from the local stand-in base with CPU torch: for CI only; build with BASE=upstream for GPU nodes"
-    else
-        torch=$torch_cuda
-        house=cuda
-    fi
-fi
+# The wheelhouse (and torch) of the image: the cuda flavour on the local base is the
+# stand-in with CPU torch. Unknown before the base only for cuda with BASE=auto.
+house_of() {  # BASE_IMAGE: prints the wheelhouse flavour
+    if [[ $flavour == cuda && $1 != "$local_base" ]]; then echo cuda; else echo cpu; fi
+}
+fill_pid=""
+fill_wheelhouse() {  # HOUSE: start filling it in the background (own process group)
+    local torch=$torch_cpu index=$torch_cpu_index
+    [[ $1 == cuda ]] && torch=$torch_cuda index=""
+    setsid "$root/docker/fill-wheelhouse.sh" --out "$wheelhouse/$1" --torch "$torch" --python "$python" \
+        ${index:+--torch-index "$index"} &
+    fill_pid=$!
+}
+stop_fill() { [[ -z $fill_pid ]] || kill -- "-$fill_pid" 2>/dev/null || true; }
+trap stop_fill EXIT
 
-# The filler does nothing unless the pins, the build backend or the torch spec changed.
+house=""
+if [[ $flavour == cpu ]]; then house=cpu
+elif [[ $base == local ]]; then house=cpu
+elif [[ $base == upstream ]]; then house=cuda
+fi
+[[ -z $house ]] || fill_wheelhouse "$house"
+
+"$root/docker/setup-engine.sh" --python "$python"
+step=$SECONDS
+if [[ $flavour == cpu ]]; then base_image=$(pick_base "$cpu_upstream"); else base_image=$(pick_base "$cuda_upstream"); fi
+say "base $base_image ready in $((SECONDS - step)) s"
+[[ -n $house ]] || { house=$(house_of "$base_image"); fill_wheelhouse "$house"; }
+standin=0
+if [[ $flavour == cuda && $house == cpu ]]; then
+    standin=1
+    say "cuda flavour from the local stand-in base with CPU torch: for CI only; build with BASE=upstream for GPU nodes"
+fi
+step=$SECONDS
+wait "$fill_pid" || { fill_pid=""; die "the wheelhouse $wheelhouse/$house could not be filled (see above)"; }
+fill_pid=""
+((SECONDS - step < 2)) || say "waited $((SECONDS - step)) s for the wheelhouse"
+
+# One wheels image per image name, so that checkouts with other pins do not share it.
 dir=$wheelhouse/$house
-index=""
-[[ $house == cpu ]] && index=$torch_cpu_index
-"$root/docker/fill-wheelhouse.sh" --out "$dir" --torch "$torch" --python "$python" ${index:+--torch-index "$index"}
-wheels=ddp-cluster-wheels:$house
-digest=$( (cat "$dir/requirements.txt"; cd "$dir" && ls -l -- *.whl) | sha256sum | cut -c1-16)
+wheels=${tag%:*}-wheels:$house
+digest=$( (cat "$dir/requirements.txt"; cd "$dir" && ls -lR) | sha256sum | cut -c1-16)
 if [[ $(docker image inspect --format '{{index .Config.Labels "org.ddp-cluster.wheelhouse"}}' "$wheels" 2>/dev/null) != "$digest" ]]; then
-    say "wrapping $dir into $wheels"
+    step=$SECONDS
     docker build -q --label "org.ddp-cluster.wheelhouse=$digest" -f "$root/docker/wheelhouse.Dockerfile" -t "$wheels" "$dir" >/dev/null 2>&1 \
         || die "could not build $wheels from $dir"
+    say "wrapped $dir into $wheels in $((SECONDS - step)) s"
 fi
 
 mkdir -p "$root/build/logs"
@@ -118,4 +141,4 @@ if [[ -n $previous && $previous != "$(docker image inspect --format '{{.Id}}' "$
     docker rmi "$previous" >/dev/null 2>&1 || true
 fi
 size=$(docker image inspect --format '{{.Size}}' "$tag" | awk '{printf "%.2f GB", $1/1e9}')
-say "built $tag: $size in $((SECONDS - start)) s"
+say "built $tag: $size in $((SECONDS - start)) s ($((SECONDS - begin)) s with the steps before)"

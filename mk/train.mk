@@ -1,4 +1,5 @@
-# Training workload: `app train` and `app bench` on local ranks, and the torchvision test suite.
+# Training workload: `app train`, `app bench` and `app scale` on local ranks (and `app scale` on the
+# mini-cluster), and the torchvision test suite.
 
 EPOCHS ?= 20
 OUT ?= runs/digits
@@ -6,6 +7,7 @@ RUN ?= $(OUT)
 TB_PORT ?= 6006
 TRAIN_ARGS ?=
 BENCH_ARGS ?=
+SCALE_ARGS ?=
 TV_VENV ?= .venv-tv
 TV_SPEC ?= torch==2.14.1 torchvision==0.29.1
 
@@ -25,6 +27,15 @@ tensorboard: venv ## Serve the TensorBoard scalars of RUN (a run's OUT, or a fol
 .PHONY: bench
 bench: venv ## Samples/s of app train vs a plain tutorial DDP loop on NPROC ranks, and their ratio.
 	$(PY) -m app bench --nproc-per-node $(NPROC) $(BENCH_ARGS)
+
+.PHONY: scale
+scale: venv ## Scaling report at 1, 2, 4 local ranks into build/scale.{json,png} (SCALE_ARGS="--sweep --world-sizes 1,2").
+	@mkdir -p build
+	$(PY) -m app scale --json build/scale.json --plot build/scale.png $(SCALE_ARGS)
+
+.PHONY: cluster-scale
+cluster-scale: image-$(IMAGE_TAG) ## Scaling report over the mini-cluster's NODES x NPROC_PER_NODE ranks; RESULTS/scale.{json,png}.
+	@$(call CLUSTER_RUN,up) --command $(call quote,scale --json /results/scale.json --plot /results/scale.png $(SCALE_ARGS))
 
 $(TV_VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(TV_VENV)

@@ -5,7 +5,8 @@ summary back to runs/ansible/<job>/.
     python -m app deploy -i ansible/inventory/gpu-cluster.yml
     python -m app deploy -i ansible/inventory/local-nodes.yml --tags verify
     python -m app deploy -i ansible/inventory/gpu-cluster.yml --check
-    python -m app deploy -i inv.yml -e launch_rerun=true -e image_registry=registry.local:5000
+    python -m app deploy -i inv.yml -e launch_rerun=true -e image_source=pull
+    python -m app deploy -i inv.yml -e '{"cluster_spec": {"job": {"command": "check", "launcher": "mpirun"}}}'
     cd ansible && ansible-playbook deploy.yml -i inventory/gpu-cluster.yml   # the same, directly
 
 Needs ansible and ansible-runner on this machine (pip install 'ddp-cluster[deploy]'), not torch.

@@ -2,6 +2,7 @@
 
     with process_group(detect(), DistConfig(backend="auto")) as ctx:
         ...  # ctx.device is cuda:LOCAL_RANK under nccl, cpu under gloo
+        parts = first_ranks(ctx, [1, 2])  # parts[2]: ranks 0-1 as a group of their own (None on the others)
 
 Backend ``auto`` is nccl when CUDA is available and this local rank has a GPU, else gloo. The
 rendezvous is torchrun's own store under torchrun, a ``file://`` path when ``--init-method`` gives
@@ -9,9 +10,9 @@ one, otherwise a TCP store on MASTER_ADDR:MASTER_PORT that rank 0 serves.
 """
 
 import argparse
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 import torch
@@ -55,6 +56,8 @@ class DistContext:
     device: torch.device
     broken: list[str] = field(default_factory=list)
     """Why the group can no longer be trusted (a collective failed); non-empty skips the exit barrier."""
+    group: dist.ProcessGroup | None = None
+    """The group that DDP and the workload's collectives use: None is the whole job (``proc`` describes it)."""
 
     def mark_broken(self, reason: str) -> None:
         """Record that a collective failed, so leaving the group does not wait on the lost peers."""
@@ -181,6 +184,29 @@ def process_group(proc: ProcessInfo, cfg: DistConfig) -> Iterator[DistContext]:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def first_ranks(ctx: DistContext, sizes: Iterable[int]) -> dict[int, DistContext | None]:
+    """For each size N: the job's ranks 0..N-1 as a group of their own, as this rank sees it.
+
+    A collective: every rank calls it with the same sizes, in the same order. This rank gets a
+    context whose ``proc`` describes its place in the smaller job (same rank, world size N, its
+    node's share of the N ranks) for each N it belongs to, and None for the others; N equal to the
+    job's world size is the whole job.
+    """
+    proc, found = ctx.proc, {}
+    for size in sizes:
+        if size >= proc.world_size:
+            found[size] = ctx
+            continue
+        group = dist.new_group(ranks=list(range(size)))
+        if proc.rank >= size:
+            found[size] = None
+            continue
+        on_node = min(proc.local_world_size, size - proc.node_rank * proc.local_world_size)
+        sub = replace(proc, world_size=size, local_world_size=on_node, named_nodes=0, named_nodes_by="")
+        found[size] = DistContext(proc=sub, backend=ctx.backend, device=ctx.device, group=group)
+    return found
 
 
 def _leave_together(ctx: DistContext) -> None:

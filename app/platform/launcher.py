@@ -9,7 +9,9 @@ torchrun started by srun, is described by the innermost one):
    then defaults to RANK and LOCAL_WORLD_SIZE to WORLD_SIZE (one node).
 2. OpenMPI mpirun: OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE; MASTER_ADDR and MASTER_PORT
    passed with ``-x``.
-3. MPICH / Intel MPI (hydra): PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS.
+3. MPICH / Intel MPI (hydra): PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS. srun's own
+   PMI plugins (``srun --mpi=pmi2``) set PMI_RANK and PMI_SIZE too, but never MPI_LOCALRANKID:
+   PMI_RANK beside SLURM_PROCID without MPI_LOCALRANKID is srun's, described as Slurm below.
 4. Slurm srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID; the master is MASTER_ADDR
    or else the first host of SLURM_JOB_NODELIST; the port MASTER_PORT or else 20000 + job id % 10000.
 5. None of these: a single process (world size 1).
@@ -253,6 +255,11 @@ def _from_single(_env: Mapping[str, str]) -> dict:
     return {"rank": 0, "local_rank": 0, "world_size": 1, "local_world_size": 1, "node_rank": 0}
 
 
+def _srun_pmi(env: Mapping[str, str]) -> bool:
+    """PMI_RANK comes from srun's PMI plugin (srun --mpi=pmi2), not from an MPI launcher (hydra)."""
+    return envvars.SLURM.rank in env and envvars.MPICH.local_rank not in env
+
+
 def _ranks(env: Mapping[str, str]) -> dict:
     """The rank fields from the first launcher whose variables are set."""
     for names in envvars.LAUNCHERS:
@@ -261,7 +268,7 @@ def _ranks(env: Mapping[str, str]) -> dict:
         return _from_torchrun(env)
     if envvars.OPENMPI.rank in env:
         return _from_mpi(env, envvars.OPENMPI, Launcher.OPENMPI)
-    if envvars.MPICH.rank in env:
+    if envvars.MPICH.rank in env and not _srun_pmi(env):
         return _from_mpi(env, envvars.MPICH, Launcher.MPICH)
     if envvars.SLURM.rank in env:
         return _from_slurm(env)

@@ -52,18 +52,28 @@ def torchrun_args(spec: ClusterSpec, hosts: tuple[Host, ...], node_rank: int | N
             "use mpirun for uneven hosts or equalise the slots"
         )
     r = spec.rendezvous
-    args = [f"--nnodes={len(hosts)}", f"--nproc-per-node={hosts[0].slots}", f"--max-restarts={r.max_restarts}"]
+    args = agent_args(spec, len(hosts), hosts[0].slots)
     if node_rank is None:
-        return [
-            *args,
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={spec.master(hosts)}:{r.master_port}",
-            f"--rdzv-id={spec.job.name}",
-            f"--rdzv-conf=join_timeout={r.join_timeout}",
-        ]
+        return [*args, *c10d_args(spec, f"{spec.master(hosts)}:{r.master_port}", spec.job.name)]
     if not 0 <= node_rank < len(hosts):
         raise UsageError(f"--node-rank {node_rank} must be in [0, {len(hosts)}) for {len(hosts)} hosts")
     return [*args, f"--node-rank={node_rank}", f"--master-addr={spec.master(hosts)}", f"--master-port={r.master_port}"]
+
+
+def agent_args(spec: ClusterSpec, nnodes: int | str, nproc_per_node: int) -> list[str]:
+    """torchrun's shape: nodes, processes per node and how often the agents restart their workers."""
+    restarts = spec.rendezvous.max_restarts
+    return [f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}", f"--max-restarts={restarts}"]
+
+
+def c10d_args(spec: ClusterSpec, endpoint: str, run_id: str) -> list[str]:
+    """torchrun's c10d rendezvous: the store at ``endpoint`` (host:port), one job's agents by ``run_id``."""
+    return [
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={run_id}",
+        f"--rdzv-conf=join_timeout={spec.rendezvous.join_timeout}",
+    ]
 
 
 def mpirun_args(spec: ClusterSpec, hosts: tuple[Host, ...], hostfile: str = "hostfile") -> list[str]:

@@ -29,6 +29,8 @@ from app.platform import envvars
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-_]*[A-Za-z0-9])?$|^[0-9a-fA-F:]+$")
 _IFNAME = re.compile(r"^[A-Za-z0-9_.:\-^,]+$")
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_PATTERN = re.compile(r"^[^\s'\"\\]+$")
 LAUNCHERS = ("torchrun", "mpirun", "srun")
 ENGINES = {
     "compose": "the compose mini-cluster (make cluster-*)",
@@ -156,7 +158,8 @@ class Rendezvous:
     master_addr: str | None = field(default=None, metadata=used_by("files", "ansible"))
     """Host that serves the rendezvous (default: the first node)."""
     master_port: int = field(default=envvars.DEFAULT_MASTER_PORT, metadata=used_by("all"))
-    """Rendezvous port on the master; only the cluster's hosts need to reach it."""
+    """Rendezvous port on the master; only the cluster's hosts need to reach it (Slurm: left at this default,
+    each job takes 20000 + its job id % 10000, so jobs that share a node never collide)."""
     ifname: str | None = field(default=None, metadata=used_by("all"))
     """Network interface for gloo and NCCL (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME); default: the one
     that routes to the master."""
@@ -181,9 +184,9 @@ class Rendezvous:
 class Job:
     """What runs on every node."""
 
-    name: str = field(default="ddp-cluster", metadata=used_by("compose", "slurm", "kubernetes"))
-    """The job's name: compose project, Slurm job name, Kubernetes object names and rendezvous id
-    (lowercase letters, digits and -, at most 40)."""
+    name: str = field(default="ddp-cluster", metadata=used_by("compose", "ansible", "slurm", "kubernetes"))
+    """The job's name: compose project, Slurm job name, Kubernetes object names, Ansible's containers
+    and results folder, and rendezvous id (lowercase letters, digits and -, at most 40)."""
     command: str = field(
         default="train --dataset digits --epochs 10 --out /results/digits --resume auto", metadata=used_by("all")
     )
@@ -222,10 +225,44 @@ class Slurm:
 
     partition: str | None = field(default=None, metadata=used_by("slurm"))
     """Partition to submit to (default: the cluster's default partition)."""
+    account: str | None = field(default=None, metadata=used_by("slurm"))
+    """Account the job is charged to (sbatch --account; default: the user's default account)."""
     requeue: bool = field(default=True, metadata=used_by("slurm"))
     """Requeue the job when it is preempted or a node fails; it resumes from its last checkpoint."""
+    exclusive: bool = field(default=False, metadata=used_by("slurm"))
+    """Take the job's nodes whole (sbatch --exclusive), sharing them with no other job."""
+    cpus_per_rank: int = field(default=1, metadata=used_by("slurm"))
+    """CPUs each rank gets (--cpus-per-task; a torchrun agent gets its node's share) and its OMP_NUM_THREADS."""
+    python: str = field(default="python3", metadata=used_by("slurm"))
+    """The Python on the nodes that has torch and this app, e.g. /shared/venv/bin/python (it runs torchrun too)."""
+    mpi: str = field(default="pmi2", metadata=used_by("slurm"))
+    """srun's MPI plugin for --launcher srun (srun --mpi=list shows a cluster's; none: plain tasks)."""
     output_pattern: str = field(default="%x-%j.out", metadata=used_by("slurm"))
     """File of the job's output (sbatch --output: %x is the job name, %j its id)."""
+    error_pattern: str | None = field(default=None, metadata=used_by("slurm"))
+    """File of the job's error output (sbatch --error; default: with its output)."""
+
+    def __post_init__(self) -> None:
+        for flag_name, value in (("--partition", self.partition), ("--account", self.account)):
+            if value is not None and not _SLURM_NAME.match(value):
+                raise UsageError(
+                    f"{flag_name} {value!r} is not a Slurm name: use letters, digits, '_', '.' and '-' "
+                    "(sinfo and sacctmgr list them)"
+                )
+        for flag_name, value in (("--output-pattern", self.output_pattern), ("--error-pattern", self.error_pattern)):
+            if value is not None and not _PATTERN.match(value):
+                raise UsageError(
+                    f"{flag_name} {value!r} must be a file name pattern without spaces, like %x-%j.out "
+                    "(%x: job name, %j: job id)"
+                )
+        _positive("--cpus-per-rank", self.cpus_per_rank)
+        if not _PATTERN.match(self.python):
+            raise UsageError(
+                f"--python {self.python!r} must be one path to a Python on the nodes, without spaces, "
+                "e.g. /shared/venv/bin/python"
+            )
+        if not _SLURM_NAME.match(self.mpi):
+            raise UsageError(f"--mpi {self.mpi!r} must be an srun MPI plugin such as pmi2 or none (srun --mpi=list)")
 
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -354,11 +391,18 @@ def read_file(path: Path) -> dict[str, dict[str, Any]]:
         raise UsageError(f"cannot read --spec {path}: {error.strerror or error}") from None
     except tomllib.TOMLDecodeError as error:
         raise UsageError(f"--spec {path} is not valid TOML ({error}): see README.md, 'The cluster spec'") from None
-    _unknown(f"--spec {path}", set(data), list(SECTIONS))
+    return check_tables(data, f"--spec {path}")
+
+
+def check_tables(data: Any, where: str) -> dict[str, dict[str, Any]]:
+    """``data`` when it is a spec's tables (known sections of known keys), else a UsageError naming ``where``."""
+    if not isinstance(data, dict):
+        raise UsageError(f'{where} must be tables of keys like {{"job": {{"command": "check"}}}}, got {data!r}')
+    _unknown(where, set(data), list(SECTIONS))
     for name, table in data.items():
         if not isinstance(table, dict):
-            raise UsageError(f"--spec {path}: [{name}] must be a table of keys, got {table!r}")
-        _unknown(f"--spec {path} [{name}]", set(table), [f.name for f in fields(SECTIONS[name])])
+            raise UsageError(f"{where}: [{name}] must be a table of keys, got {table!r}")
+        _unknown(f"{where} [{name}]", set(table), [f.name for f in fields(SECTIONS[name])])
     return data
 
 

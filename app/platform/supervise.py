@@ -22,10 +22,10 @@ What the user sees of a failure (README.md, "Faults and recovery"):
   ``cluster: restart 1: ddp-cluster-worker-1 (ranks 2-3) stopped with signal 9 (SIGKILL); resumed
   from step 30 (checkpoint ...), 2 steps lost (the failed attempt reached step 32)``;
 - a failure that a restart cannot cure (bad input: exit status 2; a full disk) is not restarted:
-  its one line, then one line saying the job was stopped, and the job's status is non-zero;
-- the head lost ends the job: the other containers are stopped (within STOP_GRACE_S) and one line
-  names the head;
-- a failure the job did not recover from: the ranks' own one-line errors, at the end.
+  the rank's one line at once, and the command's own line ``error: not restarted: ...`` says why;
+- the head lost ends the job: the other containers are stopped (within STOP_GRACE_S) and the
+  command's line names the head;
+- a failure the job did not recover from: the ranks' own one-line errors, then the command's.
 Results are copied to --results.
 """
 
@@ -83,27 +83,40 @@ class Filter:
 
     A Python traceback, torch's per-rank ``[rankN]:`` copies of it, torchrun's glog lines and its
     ChildFailedError banner are internals; the app prints its own failures as one ``error:`` line.
+    The exception a traceback ends with is kept: the first one that is not torchrun's own is the
+    root cause when the app could not say it (an import error, say).
     """
 
-    in_traceback: bool = False
-    last_exception: str = ""
-    """The exception that the last traceback ended with (the root cause when nothing else said it)."""
+    open_tracebacks: set[str] = field(default_factory=set)
+    """The sources (``""`` or a ``[rankN]:`` prefix) whose traceback is being printed."""
+    cause: str = ""
+    """The first exception of the app's; else the last of torchrun's."""
     said_error: bool = False
     """The app printed its own one-line ``error:``."""
 
     def is_internal(self, line: str) -> bool:
         """True for a line that belongs in the log only."""
-        if line.startswith("error: "):
+        prefix = match[0] if (match := _RANK_PREFIX.match(line)) else ""
+        text = line[len(prefix) :].removeprefix(" ")
+        if text.startswith("error: "):
             self.said_error = True
-        if line.startswith("Traceback (most recent call last):"):
-            self.in_traceback = True
+        if text.startswith("Traceback (most recent call last):"):
+            self.open_tracebacks.add(prefix)
             return True
-        if self.in_traceback:
-            if not line.startswith((" ", "\t")) and line.strip():
-                self.in_traceback = False  # the exception's own line ends the traceback
-                self.last_exception = line.strip()
+        if prefix in self.open_tracebacks:
+            if not text.startswith((" ", "\t")) and text.strip():
+                self.open_tracebacks.discard(prefix)  # the exception's own line ends the traceback
+                self._keep(text.strip())
             return True
-        return bool(_GLOG.match(line) or _RANK_PREFIX.match(line) or _BANNER.match(line))
+        return bool(prefix or _GLOG.match(line) or _BANNER.match(line))
+
+    def _keep(self, exception: str) -> None:
+        if not self.cause or _is_torchruns(self.cause):  # the app's first exception wins over torchrun's last
+            self.cause = exception
+
+
+def _is_torchruns(exception: str) -> bool:
+    return "torch.distributed.elastic" in exception or "ChildFailedError" in exception
 
 
 def root_cause(exception: str, spec: ClusterSpec) -> str:
@@ -138,6 +151,15 @@ class Incident:
         return min(self.causes, key=lambda c: c[0])[1] if self.causes else "a rank failed"
 
 
+@dataclass(frozen=True)
+class Stopped:
+    """A job stopped because no restart can cure its failure."""
+
+    why: str
+    status: int
+    """The job's exit status: 2 for bad input, else 1."""
+
+
 @dataclass
 class Run:
     """One compose project running one job."""
@@ -154,8 +176,8 @@ class Run:
     """The failure the job has not yet resumed from."""
     errors: list[str] = field(default_factory=list)
     """The ranks' one-line errors during the incident (printed at the end if the job does not resume)."""
-    gave_up: int = 0
-    """The job's status when it was stopped because a restart cannot cure its failure (0: it was not)."""
+    gave_up: Stopped | None = None
+    """Why the job was stopped rather than restarted (None: it was not)."""
     hostnames: dict[str, str] = field(default_factory=dict)
     """Container host name -> container name."""
     notes: list[str] = field(default_factory=list)
@@ -243,14 +265,16 @@ class Run:
         self.say(f"cluster: restart {self.resumptions}: {incident.cause}; {resumed.line().removeprefix('train: ')}")
 
     def give_up(self, why: str, status: int, line: str = "") -> None:
-        """Stop a job that failed in a way no restart can cure (rank 0's node: its agent would restart it)."""
+        """Stop a job that failed in a way no restart can cure (rank 0's node: its agent would restart it).
+
+        The rank's line is printed now; why the job was not restarted is the command's own line at the end.
+        """
         with self.lock:
             if self.gave_up:
                 return
-            self.gave_up = status
+            self.gave_up = Stopped(why, status)
         for said in [line] if line else dict.fromkeys(self.errors):
             self.say(self.with_names(said), sys.stderr)
-        self.say(f"cluster: not restarted: {why}; the job was stopped", sys.stderr)
         _docker("stop", "--time", str(STOP_GRACE_S), self.main_container)
 
     def unresolved(self) -> None:
@@ -465,22 +489,37 @@ def _up(run: Run, results: Path) -> int:
     # Rank 0's node has ended: the others cannot go on without it; stopped first, reported after.
     subprocess.run(run.compose("stop", "--timeout", str(STOP_GRACE_S)), capture_output=True, timeout=180, check=False)
     threads[-1].join(timeout=10)
-    if status == 124:
-        run.say(
-            f"error: the job ran past its time limit (--time-limit {spec.job.time_limit}s) and was stopped; "
-            "see make cluster-logs, then make cluster-down",
-            sys.stderr,
-        )
-    elif run.gave_up:
-        status = run.gave_up
-    elif status != 0:
-        if status < 128:  # else the head was lost: that is the cause, and the others' complaints follow from it
-            run.unresolved()
-        _report_main_exit(run, status, main_output)
+    if run.gave_up:
+        status = run.gave_up.status
+    elif 0 < status < 128:  # (the head lost is the cause of the others' complaints: they are not repeated)
+        run.unresolved()
     _collect(run, results, elapsed)
     run.say(f"cluster: job exit status {status} after {elapsed:.0f}s; logs: {run.log_file} and make cluster-logs; "
             "remove: make cluster-down")  # fmt: skip
-    return status
+    if status:
+        raise ClusterError(_failure(run, status, main_output), status)
+    return 0
+
+
+def _failure(run: Run, status: int, output: Filter) -> str:
+    """The job's failure in one line: not restarted, ran out of time, the head lost, or the root cause."""
+    spec = run.spec
+    if run.gave_up:
+        return f"not restarted: {run.gave_up.why}; the job was stopped"
+    if status == 124:
+        return (
+            f"the job ran past its time limit (--time-limit {spec.job.time_limit}s) and was stopped; "
+            "see make cluster-logs, then make cluster-down"
+        )
+    if status >= 128:
+        return (
+            f"the head node ({run.main_container}: rank 0's node and the rendezvous host) ended with "
+            f"{describe_status(status)}: the job cannot go on without it; the other nodes were stopped; run the "
+            "job again to resume from its last checkpoint"
+        )
+    if output.cause and not output.said_error:
+        return f"{run.main_container}: {root_cause(output.cause, spec)}"
+    return f"the job failed: {run.main_container} (rank 0's node) ended with {describe_status(status)}; see above"
 
 
 def _wait_main(run: Run, seconds: float) -> int:
@@ -491,19 +530,6 @@ def _wait_main(run: Run, seconds: float) -> int:
     except subprocess.TimeoutExpired:
         _docker("stop", "--time", str(STOP_GRACE_S), run.main_container)
         return 124
-
-
-def _report_main_exit(run: Run, status: int, output: Filter) -> None:
-    """One line when rank 0's node ended badly: the head lost, or what failed when the app did not say."""
-    if status < 128 and not output.said_error and output.last_exception:
-        run.say(f"error: {run.main_container}: {root_cause(output.last_exception, run.spec)}", sys.stderr)
-    if status >= 128:
-        run.say(
-            f"error: the head node ({run.main_container}: rank 0's node and the rendezvous host) ended with "
-            f"{describe_status(status)}: the job cannot go on without it; the other nodes were stopped; run the "
-            "job again to resume from its last checkpoint",
-            sys.stderr,
-        )
 
 
 def _collect(run: Run, results: Path, elapsed: float) -> None:
@@ -529,7 +555,4 @@ def run(args: argparse.Namespace) -> int:
         return subprocess.run(
             job.compose("logs", "--no-color", "--timestamps", every_profile=True), check=False
         ).returncode
-    status = _up(job, args.results)
-    if status:
-        raise SystemExit(status)  # its lines are said: no generic "exited with status" line after them
-    return 0
+    return _up(job, args.results)

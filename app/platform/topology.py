@@ -6,6 +6,7 @@
     python -m app topology --hostfile hosts.txt --format torchrun --node-rank 1
     python -m app topology --hostfile hosts.txt --launcher mpirun --format mpirun
     python -m app topology --spec cluster.toml --nodes 3 --format compose --output build/cluster/x.env
+    python -m app topology --nodes 2 --nproc-per-node 8 --gpus-per-node 8 --format sbatch --output job.sbatch
     python -m app topology --name mycluster --format ssh-keys --output-dir ~/.cache/ddp-cluster/ssh/mycluster
     python -m app topology --nodes 4 --namespace ml --results-claim ddp-results --format k8s --output job.yaml
 
@@ -28,7 +29,7 @@ from typing import Any
 from app import flags
 from app.atomic import atomic_write_text
 from app.errors import UsageError
-from app.platform import compose, kube, render, spec, sshkeys
+from app.platform import compose, kube, render, slurm, slurmcluster, spec, sshkeys
 from app.platform.spec import ClusterSpec, Host
 
 DEFAULT_SCRIPT_DIR = Path(__file__).resolve().parents[2] / "cluster" / "jobs"
@@ -51,11 +52,20 @@ def _named_hosts(req: Request) -> tuple[Host, ...]:
     return req.spec.nodes.hosts
 
 
+DERIVED = ("world_size", "job_argv", "python_argv", "master", "env")
+"""What --format json adds to the spec's sections (--spec-json takes its output back and skips them)."""
+
+
 def _json(req: Request) -> str:
-    data: dict[str, Any] = {**req.spec.as_dict(), "world_size": req.spec.world_size}
-    if req.spec.nodes.hosts:
-        hosts = req.spec.nodes.hosts
-        data |= {"master": req.spec.master(hosts), "env": render.env_vars(req.spec, hosts)}
+    s = req.spec
+    data: dict[str, Any] = {
+        **s.as_dict(),
+        "world_size": s.world_size,
+        "job_argv": render.job_argv(s),
+        "python_argv": render.python_argv(s),
+    }
+    if s.nodes.hosts:
+        data |= {"master": s.master(s.nodes.hosts), "env": render.env_vars(s, s.nodes.hosts)}
     return json.dumps(data, indent=2) + "\n"
 
 
@@ -82,7 +92,7 @@ def _ssh_keys(req: Request) -> dict[str, str]:
 
 Renderer = Callable[[Request], "str | dict[str, str]"]
 FORMATS: dict[str, tuple[Renderer, str]] = {
-    "json": (_json, "the spec as JSON, with every default (and MASTER_ADDR and the env with --hosts)"),
+    "json": (_json, "the spec as JSON, with every default, the job's argv (and MASTER_ADDR and the env with --hosts)"),
     "hostfile": (lambda r: render.render_hostfile(_named_hosts(r)), "OpenMPI hostfile: 'NAME slots=N' per host"),
     "env": (lambda r: render.render_env(r.spec, _named_hosts(r)), "KEY=VALUE lines every rank needs"),
     "torchrun": (
@@ -98,6 +108,11 @@ FORMATS: dict[str, tuple[Renderer, str]] = {
         "the env file of compose.yaml (docker compose --env-file)",
     ),
     "compose-files": (lambda r: compose.cluster_files(r.spec), "the compose cluster's files (--output-dir)"),
+    "sbatch": (lambda r: slurm.render_script(r.spec), "a Slurm batch script (sbatch FILE): torchrun or srun style"),
+    "slurm-files": (
+        lambda r: slurmcluster.cluster_files(r.spec),
+        "the Slurm mini-cluster's slurm.conf and node names (--output-dir)",
+    ),
     "ssh-keys": (_ssh_keys, "this cluster's SSH user and host keys, made once (--output-dir)"),
     "k8s": (lambda r: kube.render_k8s(r.spec), "Kubernetes: Indexed Job, headless Service, ConfigMap, NetworkPolicy"),
     "pytorchjob": (lambda r: kube.render_pytorchjob(r.spec), "Kubernetes: a Kubeflow PyTorchJob and a NetworkPolicy"),
@@ -141,7 +156,9 @@ def _tables(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
             tables = json.loads(args.spec_json)
         except json.JSONDecodeError as error:
             raise UsageError(f"--spec-json is not JSON ({error.msg}): pass what --format json prints") from None
-        tables = {name: tables.get(name, {}) for name in spec.SECTIONS}
+        if isinstance(tables, dict):
+            tables = {name: table for name, table in tables.items() if name not in DERIVED}
+        tables = spec.check_tables(tables, "--spec-json")
     else:
         tables = {}
     merged = {name: {**tables.get(name, {}), **flags.given(cls, args)} for name, cls in spec.SECTIONS.items()}

@@ -8,10 +8,13 @@
 The tutorial loop is the seed's: the MLP (784-256-10), Adam, batch 64 per rank, a DataLoader over
 a TensorDataset with DistributedSampler, DDP with its defaults, ``loss.item()`` every step. The
 ``app train`` side runs the real Trainer, epoch by epoch through ``Trainer.train_epoch`` as ``fit``
-does, with app train's DDP and speed settings (its defaults, or the same flags given here) on the
-same synthetic samples. Each round times one epoch of every loop back to back, so that a
-busy machine slows them alike; the ratio is the median over rounds of app / tutorial in the same
-round, the samples/s the median over rounds. Rank 0 prints samples/s of both and the ratio.
+does, with app train's DDP and speed settings (its defaults, or the same flags given here), its
+step-time exchange and rank 0's record of each step (OUT/progress, in a temp folder) on the same
+synthetic samples. The one-process loop is app train on rank 0 alone (no DDP: a world of
+one), while the other ranks wait: perfect scaling is N times its samples/s. Each round times one
+epoch of every loop back to back, so that a busy machine slows them alike; the ratio is the median
+over rounds of app / tutorial in the same round, the scaling the median of app / (N x one process),
+the samples/s the median over rounds. Rank 0 prints samples/s of each, the ratio and the scaling.
 Started as one process, it runs itself again under torchrun with exactly the arguments it was
 given, so every flag (the speed settings, ``--ifname``, ``--timeout``...) reaches the ranks.
 """
@@ -19,11 +22,9 @@ given, so every flag (the speed settings, ``--ifname``, ``--timeout``...) reache
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -33,16 +34,18 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from app import flags
+from app import flags, progress
 from app.atomic import atomic_write_text
-from app.errors import ClusterError, UsageError
+from app.errors import UsageError
 from app.platform.distributed import (
     DistContext,
     add_dist_arguments,
     dist_config_from_args,
+    first_ranks,
     process_group,
     this_process,
 )
+from app.platform.standalone import relaunch
 from app.train import collective, data, models
 from app.train.config import DataConfig, ModelConfig, OutputConfig, SpeedConfig, StepsConfig, TrainConfig
 from app.train.report import Reporter
@@ -88,35 +91,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dist_arguments(parser)
 
 
-def _relaunch(bench: BenchConfig, argv: Sequence[str]) -> int:
-    """Run this benchmark again, with the same arguments, under torchrun --standalone on --nproc-per-node ranks."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(bench.nproc_per_node),
-        "-m",
-        "app",
-        "bench",
-        *argv,
-    ]
-    try:
-        return subprocess.run(cmd, timeout=bench.launch_timeout, check=False).returncode
-    except subprocess.TimeoutExpired:
-        raise ClusterError(f"bench did not finish within --launch-timeout {bench.launch_timeout:g}s") from None
-
-
-def train_config(bench: BenchConfig, speed: SpeedConfig, out: Path) -> TrainConfig:
-    """app train's configuration on the benchmark's data: the seed's MLP and batch, ``speed`` as given; rank 0
-    records its progress in ``out`` as app train does (no checkpoints: the benchmark times epochs only)."""
+def train_config(bench: BenchConfig, speed: SpeedConfig) -> TrainConfig:
+    """app train's configuration on the benchmark's data: the seed's MLP and batch, ``speed`` as given."""
     return TrainConfig(
         data=DataConfig(dataset="synthetic", input_shape=SHAPE, train_samples=bench.samples, test_samples=BATCH),
         model=ModelConfig(model="mlp"),
         steps=StepsConfig(batch_size=BATCH),
         speed=speed,
-        output=OutputConfig(out=out, tensorboard=False, quiet=True, checkpoint_every_seconds=0),
+        output=OutputConfig(out=Path("."), tensorboard=False, quiet=True),
     )
 
 
@@ -131,6 +113,8 @@ def variants(cfg: TrainConfig, sweep: bool) -> dict[str, TrainConfig]:
         "optimizer foreach": {"optimizer_impl": "foreach"},
         "optimizer loop": {"optimizer_impl": "loop"},
         "loader dataloader": {"loader": "dataloader"},
+        "comm_hook fp16": {"comm_hook": "fp16"},
+        "comm_hook powersgd": {"comm_hook": "powersgd"},
     }
     return {"app": cfg} | {name: replace(cfg, speed=replace(cfg.speed, **change)) for name, change in changes.items()}
 
@@ -165,10 +149,12 @@ class TutorialLoop:
         return samples, time.perf_counter() - start
 
 
-def _trainer_epoch(trainer: Trainer) -> Callable[[int], tuple[int, float]]:
-    """An app train epoch as the benchmark times it: the Trainer's next epoch, as ``fit`` runs it."""
+def _trainer_epoch(trainer: Trainer | None) -> Callable[[int], tuple[int, float]]:
+    """An app train epoch as the benchmark times it: the Trainer's next epoch, as ``fit`` runs it (None: none here)."""
 
     def timed_epoch(_epoch: int) -> tuple[int, float]:
+        if trainer is None:
+            return 0, 0.0
         stats = trainer.train_epoch()
         return stats.samples, stats.seconds
 
@@ -179,21 +165,27 @@ def _rate(timed_epoch: Callable[[int], tuple[int, float]], epoch: int, ctx: Dist
     """Global samples/s of one epoch (samples summed over ranks, time of the slowest rank)."""
     samples, seconds = timed_epoch(epoch)
     (total,) = collective.all_sum([samples], ctx.device)
-    slowest = torch.tensor([seconds], dtype=torch.float64, device=ctx.device)
-    if torch.distributed.is_initialized():
-        torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
-    return total / float(slowest.item())
+    (slowest,) = collective.all_reduce([seconds], ctx.device, "max")
+    return total / slowest
+
+
+def _app_trainer(cfg: TrainConfig, ctx: DistContext, dataset: data.Dataset, quiet: Reporter) -> Trainer:
+    """The Trainer as app train runs it: rank 0 also records each step in OUT/progress (one pwrite)."""
+    trainer = Trainer(cfg, ctx, dataset, quiet)
+    if ctx.proc.is_main:
+        trainer.progress = progress.Recorder(cfg.output.out)
+    return trainer
 
 
 def measure(ctx: DistContext, configs: dict[str, TrainConfig], rounds: int) -> dict:
     """Warm every loop up, then time one epoch of each in turn, ``rounds`` times; medians."""
     first = next(iter(configs.values()))
     dataset = data.synthetic(first.data)
+    quiet = Reporter(first.output.out, enabled=False)
+    alone = first_ranks(ctx, [1])[1]  # rank 0 as a world of its own; None on the others
     runners = {"tutorial": TutorialLoop(ctx, dataset.train).timed_epoch}
-    runners |= {
-        name: _trainer_epoch(Trainer(cfg, ctx, dataset, Reporter(cfg.output.out, enabled=False)))
-        for name, cfg in configs.items()
-    }
+    runners |= {name: _trainer_epoch(_app_trainer(cfg, ctx, dataset, quiet)) for name, cfg in configs.items()}
+    runners["one process"] = _trainer_epoch(_app_trainer(first, alone, dataset, quiet) if alone else None)
     rates: dict[str, list[float]] = {name: [] for name in runners}
     for epoch in range(rounds + 1):
         for name, runner in runners.items():
@@ -204,6 +196,8 @@ def measure(ctx: DistContext, configs: dict[str, TrainConfig], rounds: int) -> d
     ratios = {
         name: statistics.median(a / t for a, t in zip(rates[name], rates["tutorial"], strict=True)) for name in configs
     }
+    world = ctx.proc.world_size
+    scaling = statistics.median(a / (world * o) for a, o in zip(rates["app"], rates["one process"], strict=True))
     return {
         "world_size": ctx.proc.world_size,
         "backend": ctx.backend,
@@ -215,6 +209,8 @@ def measure(ctx: DistContext, configs: dict[str, TrainConfig], rounds: int) -> d
         "tutorial_samples_per_s": medians["tutorial"],
         "app_samples_per_s": medians["app"],
         "ratio": ratios["app"],
+        "one_process_samples_per_s": medians["one process"],
+        "scaling": scaling,
         "app_settings": _settings(first),
         "variants": {
             name: {"samples_per_s": medians[name], "ratio": ratios[name], "settings": _settings(cfg)}
@@ -234,31 +230,39 @@ def format_report(r: dict) -> str:
     data = f"{r['samples']} synthetic samples, medians of {r['rounds']} rounds"
     app = (
         f"loader {s['loader']}, {s['optimizer_impl']} Adam, bucket {s['bucket_cap_mb']:g} MiB, "
-        f"gradient_as_bucket_view {s['gradient_as_bucket_view']}, static_graph {s['static_graph']}"
+        f"gradient_as_bucket_view {s['gradient_as_bucket_view']}, static_graph {s['static_graph']}, "
+        f"comm hook {s['comm_hook']}"
     )
     lines = [
         f"bench: {ranks}, mlp, batch {r['batch_per_rank']}/rank, {data}",
         f"  {'tutorial loop (DataLoader, DistributedSampler, Adam, DDP defaults)':<68} "
         f"{r['tutorial_samples_per_s']:8.0f} samples/s",
         f"  {'app train':<68} {r['app_samples_per_s']:8.0f} samples/s  {r['ratio']:.2f}x",
+        f"  {'app train, one process (rank 0 alone, no DDP)':<68} {r['one_process_samples_per_s']:8.0f} samples/s",
     ]
     lines += [
         f"  {'app train, ' + name:<68} {v['samples_per_s']:8.0f} samples/s  {v['ratio']:.2f}x"
         for name, v in r["variants"].items()
         if name != "app"
     ]
-    lines += [f"  app train settings: {app}", f"ratio app/tutorial: {r['ratio']:.2f}x (median of per-round ratios)"]
+    lines += [
+        f"  app train settings: {app}",
+        f"ratio app/tutorial: {r['ratio']:.2f}x (median of per-round ratios)",
+        f"scaling app/({r['world_size']} x one process): {100 * r['scaling']:.0f}% of perfect "
+        "(median of per-round ratios)",
+    ]
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
     """Relaunch under torchrun when alone, else measure on these ranks; rank 0 reports."""
     bench, dist_cfg = flags.from_args(BenchConfig, args), dist_config_from_args(args)
+    cfg = train_config(bench, flags.from_args(SpeedConfig, args))
     proc = this_process(dist_cfg)
     if proc.world_size == 1 and bench.nproc_per_node > 1:
-        return _relaunch(bench, args.argv)
+        return relaunch("bench", bench.nproc_per_node, args.argv, bench.launch_timeout)
     with process_group(proc, dist_cfg) as ctx, tempfile.TemporaryDirectory(prefix="ddp-bench-") as out:
-        cfg = train_config(bench, flags.from_args(SpeedConfig, args), Path(out))
+        cfg = replace(cfg, output=replace(cfg.output, out=Path(out)))  # for OUT/progress
         report = measure(ctx, variants(cfg, bench.sweep), bench.rounds)
     if proc.is_main:
         print(format_report(report), flush=True)

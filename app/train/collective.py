@@ -1,4 +1,7 @@
-"""The few collectives the trainer needs besides DDP's own: share a decision, sum, compare, gather."""
+"""The few collectives the trainer needs besides DDP's own: share a decision, sum, compare, gather.
+
+``group`` is the process group to use (None: the whole job), as in ``DistContext.group``.
+"""
 
 from collections.abc import Callable
 from typing import TypeVar
@@ -28,22 +31,32 @@ def main_decides(fn: Callable[[], T], is_main: bool) -> T:
     return value
 
 
-def all_sum(values: list[float], device: torch.device) -> list[float]:
-    """Element-wise sum of ``values`` over all ranks (float64, so sample counts stay exact)."""
+def _size(group: dist.ProcessGroup | None) -> int:
+    return dist.get_world_size(group) if dist.is_initialized() else 1
+
+
+def all_reduce(values: list[float], device: torch.device, op: str = "sum", group=None) -> list[float]:
+    """Element-wise ``op`` (sum, max or min) of ``values`` over the group's ranks, in float64 (counts stay exact)."""
     t = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    if _size(group) > 1:
+        ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+        dist.all_reduce(t, op=ops[op], group=group)
     return t.tolist()
 
 
-def param_spread(model: nn.Module) -> float:
-    """Largest difference of any parameter element between ranks (0.0: identical everywhere)."""
+def all_sum(values: list[float], device: torch.device, group=None) -> list[float]:
+    """Element-wise sum of ``values`` over the group's ranks (float64, so sample counts stay exact)."""
+    return all_reduce(values, device, "sum", group)
+
+
+def param_spread(model: nn.Module, group=None) -> float:
+    """Largest difference of any parameter element between the group's ranks (0.0: identical everywhere)."""
     flat = torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+    if _size(group) == 1:
         return 0.0
     high, low = flat.clone(), flat.clone()
-    dist.all_reduce(high, op=dist.ReduceOp.MAX)
-    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
+    dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
     return float((high - low).max().item())
 
 
@@ -62,11 +75,15 @@ def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def gather_rng(device: torch.device) -> list[dict[str, torch.Tensor]]:
-    """Every rank's RNG states, in rank order (for the checkpoint)."""
-    state = rng_state(device)
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return [state]
-    out: list = [None] * dist.get_world_size()
-    dist.all_gather_object(out, state)
+def gather(obj: T, group=None) -> list[T]:
+    """``obj`` of every rank of the group, in rank order (pickled: small objects, tensors on the CPU)."""
+    if _size(group) == 1:
+        return [obj]
+    out: list = [None] * _size(group)
+    dist.all_gather_object(out, obj, group=group)
     return out
+
+
+def gather_rng(device: torch.device, group=None) -> list[dict[str, torch.Tensor]]:
+    """Every rank's RNG states, in rank order (for the checkpoint)."""
+    return gather(rng_state(device), group)

@@ -19,6 +19,9 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 OPTIMIZER_IMPLS = ("fused", "foreach", "loop")
 LOADERS = ("memory", "dataloader")
+COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
+POWERSGD_MIN_WARMUP = 2
+"""torch's floor for start_powerSGD_iter with error feedback: DDP rebuilds its buckets after the first steps."""
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -146,7 +149,7 @@ class StepsConfig:
 
 @dataclass(frozen=True)
 class SpeedConfig:
-    """DDP and speed: how batches, gradients and steps move (defaults chosen with python -m app bench --sweep)."""
+    """DDP and speed: how batches, gradients and steps move (defaults chosen by app bench and app scale --sweep)."""
 
     loader: str = field(default="memory", metadata=flag(metavar="KIND"))
     """memory: batches indexed from in-memory tensors (fast); dataloader: torch DataLoader (the same samples)."""
@@ -160,11 +163,24 @@ class SpeedConfig:
     """The graph is the same every step: DDP may reorder and skip its per-step checks (off with --accum-steps > 1)."""
     sync_bn: bool = False
     """Convert BatchNorm layers to SyncBatchNorm (CUDA only)."""
+    comm_hook: str = field(default="none", metadata=flag(metavar="NAME"))
+    """Gradients on the wire: none (DDP's fp32 all-reduce), fp16 or bf16 (half the bytes), powersgd (low rank)."""
+    powersgd_rank: int = 2
+    """PowerSGD's matrix approximation rank: each gradient matrix n x m travels as (n + m) x rank numbers."""
+    powersgd_warmup: int = 10
+    """Optimizer steps of plain all-reduce before PowerSGD compresses (>= 2): early gradients are the sensitive ones."""
 
     def __post_init__(self) -> None:
         _one_of("--loader", self.loader, LOADERS)
         _one_of("--optimizer-impl", self.optimizer_impl, OPTIMIZER_IMPLS)
         _positive("--bucket-cap-mb", self.bucket_cap_mb)
+        _one_of("--comm-hook", self.comm_hook, COMM_HOOKS)
+        _at_least_one("--powersgd-rank", self.powersgd_rank)
+        if self.powersgd_warmup < POWERSGD_MIN_WARMUP:
+            raise UsageError(
+                f"--powersgd-warmup {self.powersgd_warmup} must be >= {POWERSGD_MIN_WARMUP}: PowerSGD's error "
+                "feedback can only start once DDP has rebuilt its buckets (after 2 steps)"
+            )
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,7 @@ def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], N
     doctor.preflight(proc, dist_cfg)  # a bad rendezvous: one line now, not a hang later
     with process_group(proc, dist_cfg) as ctx, Reporter.of(cfg.output, ctx.proc.is_main) as reporter:
         trainer = Trainer(cfg, ctx, prepare_data(cfg, ctx), reporter, step_hooks=[reporter.after_step])
+        trainer.progress = progress.Recorder(cfg.output.out) if ctx.proc.is_main else None
         if prepare is not None:
             prepare(trainer)
         resume, reached = main_decides(lambda: _resume_state(cfg, trainer.identity), ctx.proc.is_main)

@@ -1,17 +1,21 @@
 """The training loop: DDP, accumulation with no_sync, mixed precision, evaluation, checkpoints.
 
-    trainer = Trainer(cfg, ctx, data, reporter)   # inside app.platform.distributed.process_group
+    trainer = Trainer(cfg, ctx, data, reporter)   # inside app.platform.distributed.process_group (or a group of
+                                                    # its first ranks: first_ranks; ctx.group then)
     trainer.restore(state, source)                  # optional, from checkpoint.load
     trainer.note_previous_attempt(reached)          # optional: the step an earlier attempt reached (app.progress)
     trainer.step_hooks.append(hook)                 # optional: hook(trainer, step) after each optimizer step
     summary = trainer.fit()                         # or: stats = trainer.train_epoch(), one epoch at a time
 
 One optimizer step is ``accum_steps`` micro-batches; gradients are all-reduced on the last one
-only (``no_sync`` on the others) and each micro-batch's loss is divided by the group's size.
+only (``no_sync`` on the others) and each micro-batch's loss is divided by the group's size. The
+gradients travel as --comm-hook says (``comm_hooks``: fp32, fp16, bf16 or PowerSGD, whose state
+the checkpoints keep).
 
-After each optimizer step rank 0 records the step in OUT/progress (``app.progress``: what a
-restarted job reports as lost), and every ``--exchange-every`` steps the ranks share their step
-times (``watch``: the straggler, and whether ``--checkpoint-every-seconds`` is due).
+After each optimizer step ``progress`` records it (app train gives rank 0 a recorder of
+OUT/progress: what a restarted job reports as lost), and every ``--exchange-every`` steps the ranks
+share their step times (``watch``: the straggler, and, in ``fit``, whether
+``--checkpoint-every-seconds`` is due).
 
 Step hooks are the extension point: each is called on every rank as ``hook(trainer, step)`` after
 optimizer step ``step`` (1, 2, ...) has been taken and checkpointed (``--checkpoint-every``), before
@@ -23,7 +27,7 @@ TensorBoard step loss is one (``Reporter.after_step``).
 import math
 import time
 from collections.abc import Callable, Iterable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -34,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from app import progress
 from app.errors import UsageError, first_line
 from app.platform.distributed import DistContext
-from app.train import checkpoint, collective, models, watch
+from app.train import checkpoint, collective, comm_hooks, models, watch
 from app.train import precision as amp
 from app.train.config import TrainConfig
 from app.train.data import Dataset
@@ -85,8 +89,14 @@ def static_graph(cfg: TrainConfig) -> bool:
     return cfg.speed.static_graph and cfg.steps.accum_steps == 1
 
 
-def wrap_ddp(model: nn.Module, ctx: DistContext, cfg: TrainConfig) -> DDP:
-    """DDP with the configured buckets; BatchNorm -> SyncBatchNorm when asked."""
+def wrap_ddp(model: nn.Module, ctx: DistContext, cfg: TrainConfig) -> nn.Module:
+    """DDP with the configured buckets; BatchNorm -> SyncBatchNorm when asked.
+
+    On a world of one it is the model itself: DDP would only add a bucket copy and a one-rank
+    all-reduce to every step (about a third of the seed MLP's step on a CPU), for the same result.
+    """
+    if ctx.proc.world_size == 1:
+        return model
     if cfg.speed.sync_bn:
         if ctx.device.type != "cuda" and ctx.proc.world_size > 1:
             raise UsageError(
@@ -96,6 +106,7 @@ def wrap_ddp(model: nn.Module, ctx: DistContext, cfg: TrainConfig) -> DDP:
     return DDP(
         model,
         device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+        process_group=ctx.group,
         bucket_cap_mb=cfg.speed.bucket_cap_mb,
         gradient_as_bucket_view=cfg.speed.gradient_as_bucket_view,
         static_graph=static_graph(cfg),
@@ -106,8 +117,15 @@ class Trainer:
     """Trains one model on one rank of a joined process group."""
 
     def __init__(
-        self, cfg: TrainConfig, ctx: DistContext, data: Dataset, reporter: Reporter, step_hooks: Iterable[StepHook] = ()
+        self,
+        cfg: TrainConfig,
+        ctx: DistContext,
+        data: Dataset,
+        reporter: Reporter,
+        step_hooks: Iterable[StepHook] = (),
+        wrap_comm_hook: Callable[[comm_hooks.Hook], comm_hooks.Hook] | None = None,
     ) -> None:
+        """wrap_comm_hook: wraps the gradient communication hook before DDP gets it (see ``comm_hooks.register``)."""
         self.cfg, self.ctx, self.data, self.reporter = cfg, ctx, data, reporter
         self.step_hooks: list[StepHook] = list(step_hooks)
         """Called after each optimizer step, in order (see the module docstring)."""
@@ -117,7 +135,9 @@ class Trainer:
         torch.manual_seed(s.seed)
         self.model = models.build(cfg.model.model, data.shape, data.num_classes).to(ctx.device)
         self.ddp = wrap_ddp(self.model, ctx, cfg)
-        self.model = self.ddp.module
+        """The model as it trains: DDP, or the model itself on a world of one."""
+        self.comm = comm_hooks.register(self.ddp, speed, ctx.group, wrap_comm_hook)
+        self.model = self.ddp.module if isinstance(self.ddp, DDP) else self.ddp  # SyncBatchNorm makes a new one
         self.optimizer = build_optimizer(
             o.optimizer, self.model.parameters(), o.lr, o.weight_decay, speed.optimizer_impl
         )
@@ -131,9 +151,12 @@ class Trainer:
         self.previous: progress.Resumed | None = None
         """Where this run started again after an earlier attempt, and what that attempt had done (``resume``)."""
         self.watch = watch.Watch(cfg.health, ctx, self.model)
-        self.progress = progress.Recorder(cfg.output.out) if ctx.proc.is_main else None
+        self.progress: progress.Recorder | None = None
+        """Records each step reached (app train gives rank 0 one for OUT/progress)."""
         self._saved_step = -1
         self._saved_at = time.monotonic()
+        self._save_every_s = 0.0
+        """--checkpoint-every-seconds while ``fit`` runs (``train_epoch`` alone, as app bench runs it: by steps)."""
 
     # --- identity and state -------------------------------------------------------------------
 
@@ -147,7 +170,7 @@ class Trainer:
             "num_classes": self.data.num_classes,
         }
 
-    def _state(self, rng: list[dict[str, torch.Tensor]]) -> dict:
+    def _state(self, rng: list[dict[str, torch.Tensor]], comm: list[dict]) -> dict:
         o, scaler = self.cfg.steps, self.precision.scaler
         return {
             **self.identity,
@@ -162,11 +185,13 @@ class Trainer:
             "accum_steps": o.accum_steps,
             "seed": o.seed,
             "rng": rng,
+            "comm_hook": comm,
         }
 
     def restore(self, state: dict, source: str) -> None:
         """Continue from a checkpoint's state (already checked against ``identity``)."""
         self._check_position(state, source)
+        self._lay_out_buckets()  # first: its passes touch the comm hook's state and the RNG, restored below
         try:
             self.model.load_state_dict(state["model_state"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -178,10 +203,12 @@ class Trainer:
             self.precision.scaler.load_state_dict(state["scaler"])
         rng = state["rng"]
         collective.set_rng_state(rng[self.rank] if len(rng) == self.world else rng[0], self.ctx.device)
+        restored = comm_hooks.restore(self.comm, state.get("comm_hook", []), self.rank, self.world)
+        if restored:
+            self.reporter.event("comm_hook", hook=self.comm.name, state=restored)
         self.pos = Position(state["epoch"], state["batch"], state["step"])
         self._saved_step = self.pos.step
         self.resumed_from = source
-        self._lay_out_buckets()
 
     def _lay_out_buckets(self) -> None:
         """Let DDP order its gradient buckets now, as the uninterrupted run did in its first steps.
@@ -192,8 +219,12 @@ class Trainer:
         and with more than two ranks another order rounds differently: a resumed run would drift
         from the uninterrupted one by rounding (4 ranks: ~1e-8 after a few steps). Two backward
         passes of a zero loss (eval mode: BatchNorm statistics stay; no optimizer step; the zero
-        gradients are dropped) leave the buckets as the uninterrupted run has them.
+        gradients are dropped) leave the buckets as the uninterrupted run has them. They run before
+        the checkpoint's state is loaded: a comm hook's state (PowerSGD's step count, error feedback,
+        the seed it draws Q with) and the RNG they may touch are restored after them.
         """
+        if not isinstance(self.ddp, DDP):
+            return  # a world of one: no buckets
         self.model.eval()
         x = self.loader.split.x[: self.cfg.steps.batch_size].to(self.ctx.device)
         for _ in range(2):
@@ -222,10 +253,12 @@ class Trainer:
         """Checkpoint the current position (a collective: every rank calls it; rank 0 writes)."""
         start = time.perf_counter()
         self.watch.doing = (watch.CHECKPOINT, self.pos.step)
-        rng = collective.gather_rng(self.ctx.device)
+        group = self.ctx.group
+        rng = collective.gather_rng(self.ctx.device, group)
+        comm = collective.gather(comm_hooks.state_of(self.comm), group) if comm_hooks.has_state(self.comm) else []
         if self.ctx.proc.is_main:
             out = self.cfg.output
-            path = checkpoint.save(out.out, self._state(rng), self.pos.step, out.keep_checkpoints)
+            path = checkpoint.save(out.out, self._state(rng, comm), self.pos.step, out.keep_checkpoints)
             self.reporter.event("checkpoint", step=self.pos.step, epoch=self.pos.epoch, path=str(path))
         self._saved_step = self.pos.step
         self._saved_at = time.monotonic()
@@ -237,13 +270,17 @@ class Trainer:
         """Forward and backward of one micro-batch; gradients all-reduced only when ``sync``."""
         if sync:
             self.watch.doing = (watch.GRADIENTS, self.pos.step + 1)
-        with nullcontext() if sync else self.ddp.no_sync():
+        with nullcontext() if sync else self.no_sync():
             with self.precision.autocast():
                 loss = F.cross_entropy(self.ddp(x), y)
             scaled = loss * weight if weight != 1.0 else loss
             (self.precision.scaler.scale(scaled) if self.precision.scaler else scaled).backward()
         self.watch.backward_done()
         return loss.detach()
+
+    def no_sync(self) -> AbstractContextManager:
+        """DDP's no_sync: backward passes in this block do not all-reduce their gradients."""
+        return self.ddp.no_sync() if isinstance(self.ddp, DDP) else nullcontext()
 
     def _optimizer_step(self) -> None:
         scaler = self.precision.scaler
@@ -274,8 +311,7 @@ class Trainer:
         """Share step times (a collective); rank 0 reports the slowest rank. True: a time-based checkpoint is due."""
         record, line, since_checkpoint = self.watch.exchange(step, time.monotonic() - self._saved_at)
         self.reporter.ranks(record, line)
-        every = self.cfg.output.checkpoint_every_seconds
-        return bool(every) and since_checkpoint >= every
+        return bool(self._save_every_s) and since_checkpoint >= self._save_every_s
 
     def train_epoch(self) -> EpochStats:
         """Train from the current position to the end of its epoch, or until --max-steps; what this rank did."""
@@ -323,7 +359,7 @@ class Trainer:
             correct += (logits.argmax(dim=1) == y).sum().item()
             count += y.shape[0]
         self.model.train()
-        loss_sum, correct, count = collective.all_sum([loss_sum, correct, count], self.ctx.device)
+        loss_sum, correct, count = collective.all_sum([loss_sum, correct, count], self.ctx.device, self.ctx.group)
         return {
             "test_loss": loss_sum / max(count, 1),
             "test_accuracy": correct / max(count, 1),
@@ -333,7 +369,7 @@ class Trainer:
 
     def _epoch_record(self, epoch: int, stats: EpochStats) -> dict:
         loss_sum, samples, steps, seconds = collective.all_sum(
-            [stats.loss_sum, stats.samples, stats.steps, stats.seconds], self.ctx.device
+            [stats.loss_sum, stats.samples, stats.steps, stats.seconds], self.ctx.device, self.ctx.group
         )
         seconds /= self.world
         return {
@@ -356,7 +392,7 @@ class Trainer:
         self.reporter.start(start, self.banner(), self.pos.step)
         if self.previous is not None:
             self.reporter.resumed(self.previous, self.ctx.proc.restart_count)
-        self._saved_at = time.monotonic()
+        self._saved_at, self._save_every_s = time.monotonic(), out.checkpoint_every_seconds
         record: dict = {}
         totals = {"samples": 0.0, "seconds": 0.0}
         go_on = self.pos.epoch < o.epochs and not (o.max_steps and self.pos.step >= o.max_steps)
@@ -377,7 +413,7 @@ class Trainer:
         return self._summary(record or self.evaluate(), totals)
 
     def _summary(self, last: dict, totals: dict) -> dict:
-        spread = collective.param_spread(self.model)
+        spread = collective.param_spread(self.model, self.ctx.group)
         out = self.cfg.output.out
         return {
             **self.describe(),
@@ -414,6 +450,7 @@ class Trainer:
             "optimizer": o.optimizer,
             "lr": o.lr,
             "static_graph": static_graph(self.cfg),
+            "comm_hook": self.comm.name,
             "epochs": s.epochs,
             "train_samples": len(self.data.train),
             "test_samples": len(self.data.test),
@@ -421,10 +458,11 @@ class Trainer:
 
     def banner(self) -> str:
         d = self.describe()
+        hook = f", {d['comm_hook']} gradients" if d["comm_hook"] != "none" else ""
         return (
             f"train: {d['model']} on {d['dataset']} ({d['train_samples']} train / {d['test_samples']} test), "
             f"{d['world_size']} rank(s) on {d['nodes']} node(s), per-rank batch {d['batch_size']} x "
             f"{d['world_size']} ranks x accum {d['accum_steps']} = global batch {d['global_batch']}, "
-            f"{d['precision']}, {d['backend']} on {d['device']}, {math.ceil(len(self.loader) / d['accum_steps'])}"
+            f"{d['precision']}{hook}, {d['backend']} on {d['device']}, {math.ceil(len(self.loader) / d['accum_steps'])}"
             " steps/epoch"
         )

@@ -40,6 +40,7 @@ from torch import nn
 
 from app.errors import first_line
 from app.platform.distributed import DistContext
+from app.train import collective
 from app.train.config import HealthConfig
 
 REPORT_GRACE_S = 3.0
@@ -119,22 +120,14 @@ def collective_failed(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and bool(_TRANSPORT.search(str(error)))
 
 
-def _hosts(ctx: DistContext) -> list[str]:
-    """Every rank's host, in rank order (one all_gather_object when the group starts)."""
-    if not dist.is_initialized() or ctx.proc.world_size == 1:
-        return [ctx.proc.host]
-    hosts: list = [None] * ctx.proc.world_size
-    dist.all_gather_object(hosts, ctx.proc.host)
-    return hosts
-
-
 class Watch:
     """One rank's step times, exchanged every ``cfg.exchange_every`` steps, and its account of a failed collective."""
 
     def __init__(self, cfg: HealthConfig, ctx: DistContext, model: nn.Module) -> None:
         self.cfg, self.ctx = cfg, ctx
         self.rank, self.world = ctx.proc.rank, ctx.proc.world_size
-        self.hosts = _hosts(ctx)
+        self.hosts: list[str] = collective.gather(ctx.proc.host, ctx.group)
+        """Every rank's host, in rank order (gathered once, when the trainer starts)."""
         self.window = Window(time.perf_counter())
         self.doing: tuple[str, int] = ("start", 0)
         """The collective this rank is in (or was in last), and the optimizer step it belongs to."""
@@ -171,7 +164,7 @@ class Watch:
         self.doing = (EXCHANGE, step)
         if self.world > 1:
             rows = [torch.empty_like(mine) for _ in range(self.world)]
-            dist.all_gather(rows, mine)
+            dist.all_gather(rows, mine, group=self.ctx.group)
         else:
             rows = [mine]
         self.exchanged_at = step

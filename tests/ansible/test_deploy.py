@@ -1,12 +1,15 @@
 """deploy.yml end to end against two node containers standing in for GPU machines (CPU only):
-provision (base, Docker engine), ship ddp-cluster:cpu as a tarball, write hostfile and env,
-`app check` and a short training across the nodes, the summary back on the controller; then a
-second run changes nothing, --check runs clean, and a failing job fails the play with its error.
+provision (base, Docker engine), ship the workload image as a tarball, write hostfile and env
+rendered from the cluster spec, `app check` and a short training across the nodes with the
+image's entrypoints, the summary back on the controller; then a second run changes nothing,
+--check runs clean, a failing job fails the play with its error, the spec's values reach the
+nodes and the job, and a bad spec value fails the play in one line.
 
     make images && .venv/bin/python -m pytest tests/ansible/test_deploy.py -m ansible
 """
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -35,13 +38,22 @@ json.dump(config, sys.stdout, indent=4)
 """
 
 
+def with_spec(extravars: dict, **sections: dict) -> dict:
+    """``extravars`` with these spec sections laid over its cluster_spec (-e replaces the whole mapping)."""
+    spec = {name: dict(table) for name, table in extravars["cluster_spec"].items()}
+    for name, values in sections.items():
+        spec[name] = {**spec.get(name, {}), **values}
+    return {**extravars, "cluster_spec": spec}
+
+
 @pytest.fixture(scope="module")
 def deployed(node_cluster: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A --check run on the bare nodes, then one full deploy through `python -m app deploy` (ansible-runner)."""
     work = tmp_path_factory.mktemp("deploy")
+    job = {"name": "train", "image": node_cluster["image"], "command": "train --epochs 3 --out /results"}
     extravars = {"launch_fetch_dir": str(work / "runs"), "image_cache_dir": str(work / "images"),
-                 "launch_ssh_key_dir": str(work / "ssh"),
-                 "image_name": node_cluster["image"], "image_build_command": ""}  # fmt: skip
+                 "launch_ssh_key_dir": str(work / "ssh"), "image_build_command": "",
+                 "cluster_spec": {"job": job}}  # fmt: skip
     dry = run_playbook(DEPLOY, node_cluster["inventory"], extravars, cmdline="--check")
     assert dry.status == "successful" and dry.total("failures") == 0, dry.stdout[-4000:]
     assert "would be shipped to" in dry.stdout and dry.total("changed") > 0, "a dry run on bare nodes saw nothing to do"
@@ -82,7 +94,9 @@ def test_nodes_hold_the_topology_files_and_the_same_image(deployed: dict) -> Non
     assert [line.split()[1] for line in hostfile if line] == ["slots=2", "slots=2"]
     env = dict(line.split("=", 1) for line in node_exec(second, "cat", "/etc/ddp-cluster/cluster.env").split())
     assert env["MASTER_ADDR"] == addresses[0] and env["WORLD_SIZE"] == "4" and env["GLOO_SOCKET_IFNAME"] == "eth0"
-    assert node_exec(second, "cat", "/etc/ddp-cluster/torchrun.args").split()[2] == "--node-rank=1"
+    assert env["MASTER_PORT"] == "29500", "the spec's default rendezvous port"
+    torchrun = node_exec(second, "cat", "/etc/ddp-cluster/torchrun.args").split()
+    assert "--node-rank=1" in torchrun and "--master-port=29500" in torchrun, torchrun
     assert node_exec(first, "cat", "/etc/ddp-cluster/hostfile") == node_exec(second, "cat", "/etc/ddp-cluster/hostfile")
     inspect = ("docker", "image", "inspect", "--format", "{{.Id}}", deployed["image"])
     controller = nodes.docker(*inspect[1:]).stdout.strip()
@@ -106,7 +120,7 @@ def test_check_mode_runs_clean(deployed: dict) -> None:
 
 
 def test_a_failing_job_fails_the_play_with_its_error(deployed: dict) -> None:
-    extravars = {**deployed["extravars"], "launch_job_name": "bad", "launch_app_args": ["train", "--dataset", "nope"]}
+    extravars = with_spec(deployed["extravars"], job={"name": "bad", "command": "train --dataset nope"})
     run = run_playbook(DEPLOY, deployed["inventory"], extravars, tags="launch", timeout=600)
     assert run.status == "failed"
     text = " ".join(run.stdout.split())
@@ -115,9 +129,50 @@ def test_a_failing_job_fails_the_play_with_its_error(deployed: dict) -> None:
     assert not (deployed["runs"] / "bad" / "summary.json").exists()
 
 
+def test_the_spec_values_reach_the_nodes_and_the_job(deployed: dict) -> None:
+    job = {"name": "spec-values", "command": "check --timeout 60 --json /results/spec/check.json"}
+    extravars = with_spec(deployed["extravars"], rendezvous={"master_port": 29612}, job=job)
+    # torchrun's agent logs its rendezvous endpoint at INFO: the port the job really used.
+    extravars |= {"launch_summary_file": "check.json", "launch_env": {"LOGLEVEL": "INFO"}}
+    try:
+        run = run_playbook(DEPLOY, deployed["inventory"], extravars, tags="config,launch", timeout=600)
+        assert run.status == "successful", run.stdout[-4000:]
+        for node in deployed["names"]:
+            env = node_exec(node, "cat", "/etc/ddp-cluster/cluster.env").split()
+            assert "MASTER_PORT=29612" in env, env
+            assert "--master-port=29612" in node_exec(node, "cat", "/etc/ddp-cluster/torchrun.args").split()
+            log = (deployed["runs"] / "spec-values" / f"{node}.log").read_text()
+            assert re.search(r"rdzv_endpoint\s*: [0-9.]+:29612", log), log[-2000:]
+        check = json.loads((deployed["runs"] / "spec-values" / "spec" / "check.json").read_text())
+        assert check["ok"] and check["world_size"] == 4
+    finally:
+        restored = run_playbook(DEPLOY, deployed["inventory"], deployed["extravars"], tags="config", timeout=600)
+        assert restored.status == "successful", restored.stdout[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"job": {"comand": "check"}}, "error: --spec-json [job]: unknown key 'comand': the keys are name, command,"),
+        ({"rendezvous": {"master_port": 80}}, "error: --master-port=80 must be in 1024-65535"),
+    ],
+    ids=["misspelt-key", "port-out-of-range"],
+)
+def test_a_bad_spec_value_fails_the_play_in_one_line_naming_the_key(deployed: dict, spec: dict, message: str) -> None:
+    extravars = {**deployed["extravars"], "cluster_spec": spec}
+    command = [sys.executable, "-m", "app", "deploy", "-q", "-i", str(deployed["inventory"]), "--tags", "config",
+               "-e", json.dumps(extravars)]  # fmt: skip
+    result = subprocess.run(command, cwd=nodes.REPO, capture_output=True, text=True, timeout=600, env=ansible_env())
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr
+    line = result.stderr.strip()
+    assert "\n" not in line and line.startswith("error: deploy failed") and message in line, line
+    env = node_exec(deployed["names"][0], "cat", "/etc/ddp-cluster/cluster.env").split()
+    assert "MASTER_PORT=29500" in env, "a bad spec changed the nodes' configuration"
+
+
 def test_mpirun_mode_runs_the_job_from_the_head_node_over_ssh(deployed: dict) -> None:
-    job = {"launch_job_name": "mpi-check", "launch_app_args": ["check", "--json", "/results/check.json"]}
-    extravars = {**deployed["extravars"], **job, "launch_mode": "mpirun", "launch_summary_file": "check.json"}
+    job = {"name": "mpi-check", "command": "check --json /results/check.json", "launcher": "mpirun"}
+    extravars = with_spec(deployed["extravars"], job=job) | {"launch_summary_file": "check.json"}
     run = run_playbook(DEPLOY, deployed["inventory"], extravars, tags="launch", timeout=600)
     assert run.status == "successful", run.stdout[-4000:]
     check = json.loads((deployed["runs"] / "mpi-check" / "check.json").read_text())
@@ -129,21 +184,24 @@ def test_mpirun_mode_runs_the_job_from_the_head_node_over_ssh(deployed: dict) ->
 
 def test_uneven_nodes_run_under_mpirun_and_are_refused_by_torchrun(deployed: dict, tmp_path: Path) -> None:
     uneven = yaml.safe_load(deployed["inventory"].read_text())
-    uneven["all"]["children"]["ddp_cluster"]["hosts"][deployed["names"][1]] = {"cluster_config_slots": 1}
+    uneven["all"]["children"]["ddp_cluster"]["hosts"][deployed["names"][1]] = {"cluster_slots": 1}
     inventory = tmp_path / "uneven.yml"
     inventory.write_text(yaml.safe_dump(uneven))
-    job = {**deployed["extravars"], "launch_app_args": ["check", "--json", "/results/check.json"],
-           "launch_summary_file": "check.json"}  # fmt: skip
+    check = {"command": "check --json /results/check.json"}
     try:
-        mpi_job = {**job, "launch_mode": "mpirun", "launch_job_name": "uneven-mpi"}
+        mpi_job = with_spec(deployed["extravars"], job={**check, "name": "uneven-mpi", "launcher": "mpirun"})
+        mpi_job |= {"launch_summary_file": "check.json"}
         mpi = run_playbook(DEPLOY, inventory, mpi_job, tags="config,launch", timeout=600)
         assert mpi.status == "successful", mpi.stdout[-4000:]
-        check = json.loads((deployed["runs"] / "uneven-mpi" / "check.json").read_text())
-        assert check["world_size"] == 3
-        torchrun = run_playbook(DEPLOY, inventory, {**job, "launch_job_name": "uneven-torchrun"}, tags="launch")
+        report = json.loads((deployed["runs"] / "uneven-mpi" / "check.json").read_text())
+        assert report["world_size"] == 3
+        torchrun_job = with_spec(deployed["extravars"], job={**check, "name": "uneven-torchrun"})
+        torchrun = run_playbook(DEPLOY, inventory, torchrun_job, tags="launch", timeout=600)
         assert torchrun.status == "failed"
         text = " ".join(torchrun.stdout.split())
-        assert "torchrun needs the same slots on every node; set launch_mode: mpirun" in text
+        refusal = "error: torchrun needs the same slots on every host, got [1, 2]: use --launcher mpirun"
+        assert refusal in text, text[-3000:]
+        assert not (deployed["runs"] / "uneven-torchrun").exists(), "torchrun started on uneven hosts"
     finally:
         restored = run_playbook(DEPLOY, deployed["inventory"], deployed["extravars"], tags="config", timeout=600)
         assert restored.status == "successful", restored.stdout[-2000:]

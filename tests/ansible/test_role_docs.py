@@ -4,6 +4,7 @@ every role has the geerlingguy layout (defaults, meta, tasks) and names its task
     .venv/bin/python -m pytest tests/ansible/test_role_docs.py
 """
 
+import re
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,8 @@ ROLE_NAMES = sorted(p.name for p in ROLES.iterdir() if p.is_dir())
 
 
 def test_the_deploy_roles_are_all_there() -> None:
-    expected = {"base", "nvidia_driver", "docker", "nvidia_container_toolkit", "image", "cluster_config", "launch",
-                "verify", "gpu_facts"}  # fmt: skip
+    expected = {"base", "nvidia_driver", "docker", "nvidia_container_toolkit", "image", "cluster", "cluster_config",
+                "launch", "verify", "gpu_facts"}  # fmt: skip
     assert expected <= set(ROLE_NAMES)
 
 
@@ -40,3 +41,11 @@ def test_tasks_are_named_in_full_sentences_with_qualified_modules(role: str) -> 
                 assert name[:1].isupper() and name.endswith("."), f"{path}: task name {name!r} is not a sentence"
                 modules = [k for k in item if "." in k and k.split(".")[0] in ("ansible", "community")]
                 assert modules or "block" in item, f"{path}: {name!r} uses no fully qualified module"
+
+
+def test_every_documented_variable_is_a_role_default() -> None:
+    documented = re.findall(r"^\| `([a-z0-9_]+)` \|", README.split("## Role variables", 1)[1], re.M)
+    defaults = {
+        name for role in ROLE_NAMES for name in yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text())
+    }
+    assert documented and set(documented) <= defaults, f"README documents stale variables: {set(documented) - defaults}"

@@ -27,8 +27,15 @@ def test_bench_reports_both_loops_and_the_ratio(tmp_path) -> None:
         "gradient_as_bucket_view": True,
         "static_graph": True,
         "sync_bn": False,
+        "comm_hook": "none",
+        "powersgd_rank": 2,
+        "powersgd_warmup": 10,
     }
-    assert len(report["variants"]) == 7
+    assert len(report["variants"]) == 9
+    assert report["one_process_samples_per_s"] > 0 and len(rates["one process"]) == 3
+    per_round = [a / (2 * o) for a, o in zip(rates["app"], rates["one process"], strict=True)]
+    assert report["scaling"] == pytest.approx(statistics.median(per_round))
+    assert done.stdout.count("% of perfect") == 1
     assert done.stdout.count("ratio app/tutorial:") == 1  # rank 0 alone prints
 
 

@@ -16,9 +16,10 @@ from app.platform.deploy import ANSIBLE_DIR, DeployConfig, first_failure, parse_
 
 def test_extra_vars_accept_key_value_json_values_and_json_objects() -> None:
     assert parse_extravar("launch_rerun=true") == {"launch_rerun": True}
-    assert parse_extravar("launch_timeout=600") == {"launch_timeout": 600}
-    assert parse_extravar("image_name=ddp-cluster:cuda") == {"image_name": "ddp-cluster:cuda"}
-    assert parse_extravar('launch_app_args=["check"]') == {"launch_app_args": ["check"]}
+    assert parse_extravar("image_build_timeout=600") == {"image_build_timeout": 600}
+    assert parse_extravar("image_source=pull") == {"image_source": "pull"}
+    assert parse_extravar('launch_devices=["/dev/infiniband"]') == {"launch_devices": ["/dev/infiniband"]}
+    assert parse_extravar('cluster_spec={"job": {"name": "run2"}}') == {"cluster_spec": {"job": {"name": "run2"}}}
     assert parse_extravar('{"a": 1, "b": [2]}') == {"a": 1, "b": [2]}
 
 

@@ -64,6 +64,24 @@ def test_slurm_master_is_first_host_of_expanded_nodelist() -> None:
     assert info == ProcessInfo(5, 1, 8, 4, 1, "gpu07", 20000 + 123456 % 10000, Launcher.SLURM)
 
 
+def test_srun_pmi2_is_slurm_not_mpich() -> None:
+    """srun --mpi=pmi2 adds PMI_RANK/PMI_SIZE (as the mini-cluster showed); hydra would add MPI_LOCALRANKID."""
+    slurm = {
+        "SLURM_PROCID": "3",
+        "SLURM_NTASKS": "4",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "SLURM_JOB_NODELIST": "c-node-[1-2]",
+        "SLURM_JOB_ID": "7",
+    }
+    pmi2 = {"PMI_RANK": "3", "PMI_SIZE": "4", "PMI_FD": "12", "PMI_JOBID": "7.0"}
+    info = detect(slurm | pmi2)
+    assert info == ProcessInfo(3, 1, 4, 2, 1, "c-node-1", 20007, Launcher.SLURM)
+    hydra = detect(slurm | pmi2 | {"MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2", "MASTER_ADDR": "h"})
+    assert hydra.launcher is Launcher.MPICH, "mpirun (hydra) inside a Slurm job is still the innermost launcher"
+
+
 def test_slurm_master_addr_wins_over_nodelist() -> None:
     env = {
         "SLURM_PROCID": "0",

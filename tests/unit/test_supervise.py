@@ -1,15 +1,100 @@
-"""The cluster runner's account of failures (app/platform/supervise.py), from the lines the nodes print.
-
-Docker is not asked: the containers' host names are given, and ``docker stop`` is recorded.
-"""
+# ruff: noqa: E501  (torchrun's own output lines, quoted whole)
+"""The cluster runner's reading of node output: the app's lines for the user, the rest for the log,
+each failure (and each restart) as one line. Docker is not asked: the containers' host names are
+given, and ``docker stop`` is recorded."""
 
 import pytest
 
 from app.platform import supervise
 from app.platform.spec import build
+from app.platform.supervise import Filter, describe_status, root_cause, worker_failed
+
+TORCHRUN_FAILURE = """\
+train: mlp on digits (1437 train / 360 test), 4 rank(s) on 2 node(s)
+[rank1]: Traceback (most recent call last):
+[rank0]: Traceback (most recent call last):
+[rank1]:   File "/opt/venv/lib/python3.11/site-packages/app/train/report.py", line 16, in <module>
+[rank1]:     from tqdm import tqdm
+[rank0]:   File "/opt/venv/lib/python3.11/site-packages/app/train/report.py", line 16, in <module>
+[rank1]: ModuleNotFoundError: No module named 'tqdm'
+[rank0]: ModuleNotFoundError: No module named 'tqdm'
+E1122 11:25:09.788000 7 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 40) of binary: /opt/venv/bin/python3.11
+Traceback (most recent call last):
+  File "/opt/venv/bin/torchrun", line 8, in <module>
+    sys.exit(main())
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+-m app FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-22_11:25:09
+  host      : head
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 40)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+epoch 1/10  train loss 1.6745
+"""
+
+
+def test_the_users_lines_pass_and_internals_stay_in_the_log() -> None:
+    f = Filter()
+    shown = [line for line in TORCHRUN_FAILURE.splitlines() if not f.is_internal(line)]
+    assert shown == [
+        "train: mlp on digits (1437 train / 360 test), 4 rank(s) on 2 node(s)",
+        "epoch 1/10  train loss 1.6745",
+    ]
+
+
+def test_the_apps_exception_is_the_root_cause_not_torchruns() -> None:
+    f = Filter()
+    for line in TORCHRUN_FAILURE.splitlines():
+        f.is_internal(line)
+    assert f.cause == "ModuleNotFoundError: No module named 'tqdm'" and not f.said_error
+    alone = Filter()
+    for line in (
+        "Traceback (most recent call last):",
+        '  File "x"',
+        "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError",
+    ):
+        alone.is_internal(line)
+    assert "RendezvousTimeoutError" in alone.cause
+
+
+def test_an_error_line_of_the_app_is_shown_and_noted() -> None:
+    f = Filter()
+    assert not f.is_internal("error: rank 0 on head: --dataset 'x' is not one of digits [exit 2]")
+    assert f.said_error
+
+
+def test_torchruns_report_of_an_ended_worker_is_read() -> None:
+    line = "E1122 11:25:09.788000 7 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 6038) of binary: /x"
+    assert worker_failed(line) == (-9, 1)
+    assert worker_failed("epoch 3/10  train loss 0.5") is None
+
+
+def test_statuses_read_as_exits_and_signals() -> None:
+    assert describe_status(1) == "exit 1"
+    assert describe_status(137) == "signal 9 (SIGKILL)"
+    assert describe_status(-15) == "signal 15 (SIGTERM)"
+
+
+def test_torchruns_exceptions_read_in_the_users_terms() -> None:
+    spec = build({"nodes": {"nodes": 3}, "rendezvous": {"join_timeout": 30}})
+    text = root_cause("torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError", spec)
+    assert "not all 3 nodes joined within --join-timeout 30s" in text
+    assert root_cause("ValueError: x", spec) == "ValueError: x"
+
+
+# --- failures, restarts and their one line (Run.observe); Docker is not asked: host names are given
 
 CONTAINERS = {"head": "demo-head-1", "3f2a1b4c5d6e": "demo-worker-1", "0a0a0a0a0a0a": "demo-init-1"}
-RESUMED = "train: resumed from step 23 (checkpoint /r/f/checkpoints/step-00000023.pt), 4 steps lost (the failed attempt reached step 27)"  # noqa: E501
+RESUMED = "train: resumed from step 23 (checkpoint /r/f/checkpoints/step-00000023.pt), 4 steps lost (the failed attempt reached step 27)"
 
 
 @pytest.fixture
@@ -60,23 +145,21 @@ def test_a_full_disk_is_not_restarted(run, capsys):
     run.observe("demo-head-1", "error: rank 2 on 3f2a1b4c5d6e: rank 0 on head stopped answering: ... [exit 1; log /l]")
     run.observe("demo-head-1", line)
     run.observe("demo-head-1", "error: rank 0 on head: cannot resume in /results/f: ... (No space left on device) ...")
-    err = capsys.readouterr().err.splitlines()
-    assert err == [
-        line,
-        "cluster: not restarted: every attempt would run out of disk the same way; free space in the volume "
-        "demo_results, then run the job again: it resumes from its last checkpoint; the job was stopped",
-    ]
-    assert run.gave_up == 1 and run.docker_calls == [("stop", "--time", "10", "demo-head-1")]
+    assert capsys.readouterr().err.splitlines() == [line]  # at once; why it was not restarted: the final line
+    assert run.gave_up.status == 1 and run.docker_calls == [("stop", "--time", "10", "demo-head-1")]
+    assert supervise._failure(run, 143, Filter()) == (
+        "not restarted: every attempt would run out of disk the same way; free space in the volume demo_results, "
+        "then run the job again: it resumes from its last checkpoint; the job was stopped"
+    )
 
 
 def test_bad_input_is_not_restarted_and_a_worker_is_named_by_its_container(run, capsys):
     run.observe("worker-1", "error: rank 1 on 3f2a1b4c5d6e: --dataset 'nope' is not one of digits [exit 2]")
     run.observe("worker-1", "E1122 1 api.py:1] failed (exitcode: 2) local_rank: 0 (pid: 9) of binary: x")
     assert capsys.readouterr().err.splitlines() == [
-        "error: rank 1 on demo-worker-1: --dataset 'nope' is not one of digits [exit 2]",
-        "cluster: not restarted: bad input fails the same way on every attempt; the job was stopped",
+        "error: rank 1 on demo-worker-1: --dataset 'nope' is not one of digits [exit 2]"
     ]
-    assert run.gave_up == 2
+    assert run.gave_up == supervise.Stopped("bad input fails the same way on every attempt", 2)
 
 
 def test_at_the_end_a_failure_without_resume_is_told_by_the_ranks_own_lines(run, capsys):

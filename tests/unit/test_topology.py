@@ -172,6 +172,30 @@ def test_the_json_spec_round_trips() -> None:
     assert isinstance(build({}), ClusterSpec)
 
 
+def test_the_json_spec_gives_the_job_argv_and_takes_its_own_output_back() -> None:
+    done = _topology_cli("--hosts", "a:2,b:2", "--command", "check --json '/results/a b.json'", "--format", "json")
+    data = json.loads(done.stdout)
+    assert data["job_argv"] == ["-m", "app", "check", "--json", "/results/a b.json"]
+    assert data["python_argv"] == ["python", *data["job_argv"]]
+    again = _topology_cli("--spec-json", done.stdout, "--format", "json")
+    assert again.returncode == 0 and json.loads(again.stdout) == data, again.stderr
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ('{"job": {"comand": "check"}}', "--spec-json [job]: unknown key 'comand': the keys are name, command,"),
+        ('{"jobs": {}}', "--spec-json: unknown key 'jobs': the keys are nodes, rendezvous, job,"),
+        ('{"job": "check"}', "--spec-json: [job] must be a table of keys, got 'check'"),
+        ('["check"]', "--spec-json must be tables of keys"),
+        ('{"rendezvous": {"master_port": "29600"}}', "spec key rendezvous.master_port = '29600' must be a whole"),
+    ],
+)
+def test_a_bad_json_spec_is_one_line_naming_the_key(given: str, message: str) -> None:
+    done = _topology_cli("--spec-json", given, "--format", "json")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+
+
 def test_mpirun_format_quotes_nothing_it_cannot_split() -> None:
     done = _topology_cli("--hosts", "a:1,b:1", "--ifname", "eth1", "--format", "mpirun")
     assert shlex.split(done.stdout)[:2] == ["-np", "2"]

@@ -4,20 +4,9 @@ import importlib.util
 
 import pytest
 
-from app.cli import main
+from tests.unit.cli_errors import usage_error as _fails
 
 HAS_TORCHVISION = importlib.util.find_spec("torchvision") is not None
-
-
-def _fails(capsys, *args: str) -> str:
-    try:
-        code = main(list(args))
-    except SystemExit as exit_:  # argparse's own errors
-        code = exit_.code
-    assert code == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and err.count("\n") == 1, err
-    return err
 
 
 @pytest.mark.parametrize(

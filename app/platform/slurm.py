@@ -1,0 +1,158 @@
+"""Slurm batch scripts from the cluster spec. Needs no torch.
+
+    python -m app topology --format sbatch --nodes 2 --nproc-per-node 8 --gpus-per-node 8 --output job.sbatch
+    sbatch job.sbatch                                        # on the cluster: rank 0's output in <name>-<id>.out
+    python -m app topology --spec cluster.toml --launcher srun --format sbatch | sbatch
+    make slurm-job JOB="check"                               # on the Slurm mini-cluster (cluster/slurm/)
+
+Two styles, chosen by the spec's ``job.launcher``:
+
+- ``torchrun``: ``srun --ntasks-per-node=1`` starts one torchrun agent per node, with the node's
+  CPUs (cpus_per_rank x nproc_per_node); the agents meet in a c10d rendezvous on the first node
+  of the allocation (``scontrol show hostnames "$SLURM_JOB_NODELIST"``), the job id as the
+  rendezvous id, and restart the workers up to ``max_restarts`` times. The srun style starts each
+  rank once (``max_restarts`` does not apply; ``--requeue`` restarts the whole job).
+- ``srun``: one Slurm task per rank (``srun --mpi=pmi2``, the spec's ``slurm.mpi``); every process
+  describes itself from SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID and SLURM_JOB_NODELIST
+  (app/platform/launcher.py), the first node serving the rendezvous.
+
+The rendezvous port is the spec's ``master_port`` when it is not the default; at the default it is
+20000 + job id % 10000 (``envvars``' rule, which the launcher applies under srun), so jobs that
+share a node do not collide. The job is the spec's app command (``python -m app COMMAND``) or its
+``script`` with ``args`` (a path on the nodes). ``--time`` is the time limit in minutes, rounded up;
+``--requeue`` appends to the output file so that a requeued job's earlier lines stay.
+"""
+
+import math
+import shlex
+from collections.abc import Iterable
+from pathlib import PurePosixPath
+
+from app.errors import UsageError
+from app.platform import envvars, render
+from app.platform.spec import ClusterSpec
+
+STYLES = ("torchrun", "srun")
+"""The launchers that have a batch style (job.launcher)."""
+
+
+class Shell(str):
+    """A word of the script that its shell expands (``"$head:$port"``): written as is, never quoted."""
+
+
+def check(spec: ClusterSpec) -> None:
+    """Raise UsageError for what a Slurm batch job cannot run."""
+    job, r = spec.job, spec.rendezvous
+    if job.launcher not in STYLES:
+        raise UsageError(
+            f"--launcher {job.launcher} has no Slurm batch style: use --launcher torchrun (one agent per node) "
+            "or --launcher srun (one task per rank)"
+        )
+    if spec.nodes.hosts:
+        raise UsageError("--hosts: Slurm picks a job's nodes; give --nodes (and --partition), not --hosts/--hostfile")
+    if r.master_addr:
+        raise UsageError("--master-addr: under Slurm the first node of the allocation serves the rendezvous; drop it")
+    if job.launcher == "srun" and job.script:
+        raise UsageError(
+            "--script is a torchrun script (it reads RANK, WORLD_SIZE ...): use --launcher torchrun; "
+            "srun gives each rank only SLURM_* variables"
+        )
+
+
+def _words(argv: Iterable[str]) -> str:
+    return " ".join(word if isinstance(word, Shell) else shlex.quote(word) for word in argv)
+
+
+def _lines(*groups: Iterable[str]) -> str:
+    """One command, a group of words per line."""
+    return " \\\n    ".join(_words(group) for group in groups)
+
+
+def directives(spec: ClusterSpec) -> list[str]:
+    """The ``#SBATCH`` lines: the job's name, shape, resources, limits, files and queue."""
+    n, s, job = spec.nodes, spec.slurm, spec.job
+    per_agent = job.launcher == "torchrun"
+    options: list[tuple[str, object]] = [
+        ("job-name", job.name),
+        ("nodes", n.nodes),
+        ("ntasks-per-node", 1 if per_agent else n.nproc_per_node),
+        ("cpus-per-task", s.cpus_per_rank * (n.nproc_per_node if per_agent else 1)),
+    ]
+    if n.gpus_per_node:
+        options.append(("gpus-per-node", n.gpus_per_node))
+    options.append(("time", math.ceil(job.time_limit / 60)))
+    options.append(("output", s.output_pattern))
+    if s.error_pattern:
+        options.append(("error", s.error_pattern))
+    if s.partition:
+        options.append(("partition", s.partition))
+    if s.account:
+        options.append(("account", s.account))
+    lines = [f"#SBATCH --{key}={value}" for key, value in options]
+    if s.exclusive:
+        lines.append("#SBATCH --exclusive")
+    lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"] if s.requeue else ["#SBATCH --no-requeue"]
+    return lines
+
+
+def _port(spec: ClusterSpec) -> str:
+    """The rendezvous port as the script's shell computes it."""
+    port = spec.rendezvous.master_port
+    if port != envvars.DEFAULT_MASTER_PORT:
+        return str(port)
+    return f"$(({envvars.SLURM_PORT_BASE} + {envvars.SLURM_JOB_ID} % {envvars.SLURM_PORT_SPAN}))"
+
+
+def _job(spec: ClusterSpec) -> list[str]:
+    """What follows the launcher: ``-m app COMMAND`` or the script (its path on the nodes) and its args."""
+    script = spec.job.script
+    return render.job_argv(spec, str(PurePosixPath(script).parent) if script else "")
+
+
+def _environment(spec: ClusterSpec) -> list[str]:
+    values = {"OMP_NUM_THREADS": str(spec.slurm.cpus_per_rank)}
+    if spec.rendezvous.ifname:
+        values |= dict.fromkeys(envvars.IFNAME_VARIABLES, spec.rendezvous.ifname)
+    return [f"export {key}={shlex.quote(value)}" for key, value in values.items()]
+
+
+def _torchrun_body(spec: ClusterSpec) -> list[str]:
+    nodelist = envvars.SLURM_JOB_NODELIST[0]
+    endpoint, run_id = Shell('"$head:$port"'), Shell(f'"${envvars.SLURM_JOB_ID}"')
+    srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    torchrun = [spec.slurm.python, "-m", "torch.distributed.run"]
+    shape = render.agent_args(spec, spec.nodes.nodes, spec.nodes.nproc_per_node)
+    rdzv = [Shell(w) if w.endswith((endpoint, run_id)) else w for w in render.c10d_args(spec, endpoint, run_id)]
+    return [
+        f'mapfile -t nodes < <(scontrol show hostnames "${nodelist}")',
+        'head="${nodes[0]}"',
+        f"port={_port(spec)}",
+        f'echo "slurm: job ${envvars.SLURM_JOB_ID} on ${nodelist}: torchrun agents, rendezvous $head:$port"',
+        "exec " + _lines(srun, torchrun, shape, rdzv, _job(spec)),
+    ]
+
+
+def _srun_body(spec: ClusterSpec) -> list[str]:
+    lines = []
+    if spec.rendezvous.master_port != envvars.DEFAULT_MASTER_PORT:
+        lines.append(f"export {envvars.MASTER_PORT}={spec.rendezvous.master_port}")
+    nodelist = envvars.SLURM_JOB_NODELIST[0]
+    srun = ["srun", "--kill-on-bad-exit=1", f"--mpi={spec.slurm.mpi}"]
+    return [
+        *lines,
+        f'echo "slurm: job ${envvars.SLURM_JOB_ID} on ${nodelist}: one task per rank"',
+        "exec " + _lines(srun, [spec.slurm.python, *_job(spec)]),
+    ]
+
+
+def render_script(spec: ClusterSpec) -> str:
+    """The batch script (``sbatch FILE``) that runs the spec's job in its launcher's style."""
+    check(spec)
+    n, style = spec.nodes, spec.job.launcher
+    body = _torchrun_body(spec) if style == "torchrun" else _srun_body(spec)
+    header = [
+        "#!/bin/bash",
+        f"# {spec.job.name}: {n.nodes} node(s) x {n.nproc_per_node} rank(s), {style} style. Rendered from the",
+        "# cluster spec by `python -m app topology --format sbatch`; submit it with `sbatch FILE`.",
+    ]
+    return "\n".join([*header, *directives(spec), "set -euo pipefail", *_environment(spec), *body]) + "\n"

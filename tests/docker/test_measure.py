@@ -1,0 +1,94 @@
+"""``app links`` and ``app comm`` across the compose mini-cluster's containers.
+
+The proof that ``app links`` finds a slow node: a test-only container joins one cluster
+container's network namespace with NET_ADMIN (the cluster containers keep every capability
+dropped) and throttles its interface to 20 Mbit/s with tc; the report must name that container,
+and only it. The same run without a throttle names none.
+
+Run: ``DDP_TEST_IMAGE_NAME=... .venv/bin/python -m pytest tests/docker/test_measure.py``.
+"""
+
+import subprocess
+import time
+
+import pytest
+
+from .conftest import IMAGE_NAME, ROOT, explain, make, run
+
+pytestmark = pytest.mark.docker
+
+THROTTLE_IMAGE = "ddp-cluster-node:bookworm"  # has iproute2 (tc); `make ansible-node-image` builds it
+# 1 MiB transfers: 0.4 s at 20 Mbit/s, about 1 ms unthrottled; the best of 10 visits per link rides out
+# a busy machine's scheduling noise and keeps the run short.
+LINKS_ARGS = "LINKS_ARGS=--bytes 1M --iters 10 --fail-below 0.1"
+TBF = ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "20mbit", "burst", "32kbit", "latency", "400ms"]
+
+
+@pytest.fixture(scope="module")
+def throttle_image(engine) -> str:
+    done = make("ansible-node-image", timeout=1800)
+    assert done.returncode == 0, explain(done)
+    return THROTTLE_IMAGE
+
+
+def _running_head(project: str, timeout: float = 120) -> str:
+    """The head container's id, as soon as it runs (before the workers start: they wait for it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        labels = [f"label=com.docker.compose.project={project}", "label=com.docker.compose.service=head"]
+        filters = [arg for value in [*labels, "status=running"] for arg in ("--filter", value)]
+        found = run(["docker", "ps", "-q", *filters], 30).stdout.split()
+        if found:
+            return found[0]
+        time.sleep(0.2)
+    raise AssertionError(f"the head container of {project} did not start within {timeout:g}s")
+
+
+def test_links_names_the_throttled_container_and_only_it(cluster, throttle_image) -> None:
+    clean = cluster.make("cluster-links", "NODES=3", "NPROC_PER_NODE=1", LINKS_ARGS)
+    assert clean.returncode == 0, explain(clean)
+    report = cluster.json("links/links.json")
+    assert len(report["nodes"]) == 3 and report["nodes"][0] == "head"
+    assert report["slow_nodes"] == [] and report["slow_links"] == [] and report["below_fail"] == []
+    assert "verdict: no slow node or link" in clean.stdout
+
+    # Again, with the head container's interface throttled from a container of the test's own.
+    cmd = ["make", "--no-print-directory", "BASE=local", f"IMAGE_NAME={IMAGE_NAME}", "cluster-links"]
+    cmd += [f"CLUSTER={cluster.project}", f"RESULTS={cluster.results}", "NODES=3", "NPROC_PER_NODE=1", LINKS_ARGS]
+    job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        head = _running_head(cluster.project)
+        netns = ["--network", f"container:{head}", "--cap-add", "NET_ADMIN"]
+        tc = run(["docker", "run", "--rm", *netns, throttle_image, *TBF], 120)
+        assert tc.returncode == 0, explain(tc)
+        out, err = job.communicate(timeout=600)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    throttled = subprocess.CompletedProcess(job.args, job.returncode, out, err)
+    assert throttled.returncode != 0, explain(throttled)  # --fail-below 0.1 is crossed
+    report = cluster.json("links/links.json")
+    assert report["slow_nodes"] == [{"node": "head", "direction": "send"}], explain(throttled)
+    assert report["slow_links"] == []
+    assert {(s["src"], s["dst"]) for s in report["below_fail"]} == {("head", n) for n in report["nodes"][1:]}
+    assert "verdict: slow: node head (sends slowly" in throttled.stdout
+    assert (cluster.results / "links" / "links.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_comm_across_containers(cluster) -> None:
+    args = "COMM_ARGS=--max-bytes 1M --step-factor 16 --iters 2"
+    done = cluster.make("cluster-comm", "NODES=2", "NPROC_PER_NODE=2", args)
+    assert done.returncode == 0, explain(done)
+    report = cluster.json("comm/cluster.json")
+    assert report["ok"] and report["world_size"] == 4 and report["nodes"] == 2, report["failures"]
+    assert {r["op"] for r in report["results"]} == {
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "broadcast",
+        "all_to_all",
+        "send_recv",
+    }
+    assert all(r["wrong"] == 0 for r in report["results"])
+    assert (cluster.results / "comm" / "cluster.png").stat().st_size > 20_000

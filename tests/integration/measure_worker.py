@@ -1,0 +1,74 @@
+"""Test worker: ``app comm`` / ``app links`` with faults that only a test may inject.
+
+    python -m tests.integration.measure_worker [--corrupt-rank R] [--ranks-per-host N]
+        [--slow-sender R --delay S] <app command and flags>
+
+--corrupt-rank R: rank R's fill function (app.platform.collectives.rank_data) returns one wrong element,
+    so the sweep must count it (#wrong > 0) and fail.
+--ranks-per-host N: every N consecutive ranks pose as one host (node0, node1, ...), so ``app
+    links`` sees several nodes on one machine.
+--slow-sender R --delay S: rank R sleeps S seconds before each bandwidth transfer it sends, so its
+    outgoing links are slow and the verdict must name it.
+"""
+
+import argparse
+import dataclasses
+import sys
+import time
+
+from app import cli
+from app.platform import collectives, launcher, links
+
+
+def _corrupt(rank: int) -> None:
+    fill = collectives.rank_data
+
+    def wrong_fill(sender, numel, modulus, dtype, device):
+        data = fill(sender, numel, modulus, dtype, device)
+        if sender == rank:
+            data[0] += 1
+        return data
+
+    collectives.rank_data = wrong_fill
+
+
+def _pose_as_hosts(per_host: int) -> None:
+    detect = launcher.detect
+
+    def posing(*args, **kwargs):
+        info = detect(*args, **kwargs)
+        return dataclasses.replace(info, host=f"node{info.rank // per_host}")
+
+    launcher.detect = posing
+
+
+def _slow_sender(delay: float) -> None:
+    send = links._Link._send
+
+    def slow_send(self, tensor, peer):
+        if tensor.numel() > links.LATENCY_BYTES:
+            time.sleep(delay)
+        send(self, tensor, peer)
+
+    links._Link._send = slow_send
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    parser.add_argument("--corrupt-rank", type=int)
+    parser.add_argument("--ranks-per-host", type=int)
+    parser.add_argument("--slow-sender", type=int)
+    parser.add_argument("--delay", type=float, default=0.05)
+    args, rest = parser.parse_known_args(argv)
+    rank = launcher.detect(need_master=False).rank
+    if args.corrupt_rank is not None:
+        _corrupt(args.corrupt_rank)
+    if args.ranks_per_host:
+        _pose_as_hosts(args.ranks_per_host)
+    if args.slow_sender == rank:
+        _slow_sender(args.delay)
+    return cli.main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,102 @@
+"""Real Slurm: jobs submitted with sbatch on the mini-cluster (slurmctld, 2 slurmd containers,
+munge), run by srun across both nodes in either batch style, reported by `make slurm-job`.
+
+    make slurm-image && pytest -m slurm tests/slurm        # about 4 minutes on 2 busy cores
+"""
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.slurm.conftest import ROOT, SlurmCluster, docker, explain, make
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+STYLES = [("torchrun", "torchrun"), ("srun", "slurm")]
+"""Each batch style and the launcher that app/platform/launcher.py then finds in every rank."""
+TRAIN = "train --dataset digits --epochs 3 --out /results/train-{style}"
+
+
+@pytest.mark.parametrize(("style", "launcher"), STYLES)
+def test_check_runs_four_ranks_on_two_nodes(slurm_cluster: SlurmCluster, style: str, launcher: str) -> None:
+    proc = slurm_cluster.job(style, f"check --json /results/check-{style}.json")
+    assert proc.returncode == 0, explain(proc)
+    report = json.loads((slurm_cluster.results / f"check-{style}.json").read_text())
+    assert (report["ok"], report["world_size"], report["launcher"]) == (True, 4, launcher), report
+    by_host: dict[str, list[int]] = {}
+    for rank in report["ranks"]:
+        by_host.setdefault(rank["host"], []).append(rank["local_rank"])
+    assert sorted(by_host.values()) == [[0, 1], [0, 1]], f"want 2 ranks on each of 2 hosts: {by_host}"
+    assert f"COMPLETED on {slurm_cluster.project}-node-[1-2]" in proc.stdout
+
+
+def test_training_is_the_same_under_both_styles(slurm_cluster: SlurmCluster) -> None:
+    summaries = {}
+    for style, launcher in STYLES:
+        proc = slurm_cluster.job(style, TRAIN.format(style=style))
+        assert proc.returncode == 0, explain(proc)
+        assert "slurm: summary (" in proc.stdout and "epoch 3/3" in proc.stdout, explain(proc)
+        summary = json.loads((slurm_cluster.results / f"train-{style}" / "summary.json").read_text())
+        assert (summary["launcher"], summary["world_size"], summary["nodes"]) == (launcher, 4, 2)
+        assert summary["params_identical"] and summary["test_accuracy"] > 0.85, summary
+        summaries[style] = summary
+    # One job, two launch styles: the same ranks see the same data, so the same model comes out.
+    assert summaries["torchrun"]["test_accuracy"] == summaries["srun"]["test_accuracy"]
+
+
+def test_a_failing_job_shows_its_state_exit_code_and_error_line(slurm_cluster: SlurmCluster) -> None:
+    proc = slurm_cluster.job("srun", "check --no-such-flag")
+    assert proc.returncode != 0, explain(proc)
+    assert "FAILED: ExitCode=" in proc.stdout and "no slurmdbd here, so no sacct" in proc.stdout, explain(proc)
+    assert "error: unrecognized arguments: --no-such-flag" in proc.stderr, explain(proc)
+    assert "slurm-job] Error" in proc.stderr  # make exits non-zero with the job's status
+
+
+def test_scancel_stops_a_long_job_and_the_target_says_so(slurm_cluster: SlurmCluster) -> None:
+    script = ROOT / "tests" / "slurm" / "jobs" / "wait_forever.py"
+    cmd = ["make", "--no-print-directory", "slurm-job", f"CLUSTER={slurm_cluster.name}",
+           f"RESULTS={slurm_cluster.results}", "LAUNCHER=torchrun", f"SCRIPT={script}"]  # fmt: skip
+    job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    try:
+        for line in job.stdout:  # the ranks' own lines, streamed from the job's output file
+            seen.append(line)
+            if line.startswith("waiting: rank"):
+                break
+        cancel = slurm_cluster.make("slurm-cancel", timeout=120)
+        assert cancel.returncode == 0 and "cancelled job(s)" in cancel.stdout, explain(cancel)
+        rest, _ = job.communicate(timeout=180)
+    finally:
+        job.kill()
+    output = "".join(seen) + rest
+    assert job.returncode != 0 and "CANCELLED" in output, output
+    assert "no slurmdbd here, so no sacct" in output, output
+    status = slurm_cluster.make("slurm-status")
+    assert status.returncode == 0 and " R " not in status.stdout, explain(status)
+    for node in (1, 2):  # slurmd killed the job's processes, which ran as another user (CAP_KILL)
+        deadline = time.monotonic() + 60
+        while "wait_forever" in _processes(slurm_cluster, node) and time.monotonic() < deadline:
+            time.sleep(2)
+        assert "wait_forever" not in _processes(slurm_cluster, node)
+
+
+def _processes(cluster: SlurmCluster, node: int) -> str:
+    return docker("exec", f"{cluster.project}-node-{node}", "ps", "-eo", "args").stdout
+
+
+def test_the_munge_key_is_made_at_start_never_in_the_image(slurm_cluster: SlurmCluster) -> None:
+    controller = f"{slurm_cluster.project}-slurmctld-1"
+    image = docker("inspect", "--format", "{{.Config.Image}}", controller).stdout.strip()
+    bare = docker("run", "--rm", "--network", "none", "--entrypoint", "ls", image, "-A", "/etc/munge")
+    assert bare.returncode == 0 and bare.stdout.strip() == "", f"the image holds {bare.stdout!r} in /etc/munge"
+    key = docker("exec", "--user", "munge", controller, "stat", "-c", "%U %a %s", "/etc/munge/munge.key")
+    assert key.stdout.split() == ["munge", "400", "128"], key.stdout + key.stderr
+
+
+def test_a_job_on_a_cluster_that_is_not_up_is_one_line(tmp_path: Path) -> None:
+    proc = make("slurm-job", "CLUSTER=slurm-nowhere", f"RESULTS={tmp_path}", "JOB=check", timeout=120)
+    assert proc.returncode != 0
+    assert proc.stderr.startswith("error: the Slurm mini-cluster slurm-nowhere-slurm is not running: start it"), proc

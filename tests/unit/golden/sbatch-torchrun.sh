@@ -1,0 +1,26 @@
+#!/bin/bash
+# lab: 4 node(s) x 8 rank(s), torchrun style. Rendered from the
+# cluster spec by `python -m app topology --format sbatch`; submit it with `sbatch FILE`.
+#SBATCH --job-name=lab
+#SBATCH --nodes=4
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=48
+#SBATCH --gpus-per-node=8
+#SBATCH --time=91
+#SBATCH --output=%x-%j.out
+#SBATCH --partition=gpu
+#SBATCH --account=ml
+#SBATCH --exclusive
+#SBATCH --requeue
+#SBATCH --open-mode=append
+set -euo pipefail
+export OMP_NUM_THREADS=6
+mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+head="${nodes[0]}"
+port=$((20000 + SLURM_JOB_ID % 10000))
+echo "slurm: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: torchrun agents, rendezvous $head:$port"
+exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 \
+    /shared/venv/bin/python -m torch.distributed.run \
+    --nnodes=4 --nproc-per-node=8 --max-restarts=2 \
+    --rdzv-backend=c10d --rdzv-endpoint="$head:$port" --rdzv-id="$SLURM_JOB_ID" --rdzv-conf=join_timeout=120 \
+    -m app train --dataset mnist --out /shared/runs/lab --resume auto
