@@ -117,10 +117,18 @@ class RunLog:
 
     def __exit__(self, kind: type | None, error: BaseException | None, tb: TracebackType | None) -> None:
         self._restore()
-        written = self._file.tell() > self._start
-        self._file.close()
+        written = self._written()
+        with contextlib.suppress(OSError):  # a full disk: what could not be written is lost, nothing else
+            self._file.close()
         if not written:
             self._remove()
+
+    def _written(self) -> bool:
+        """Whether this run wrote to the log (True when the disk refuses even to say: keep the file)."""
+        try:
+            return self._file.tell() > self._start
+        except OSError:
+            return True
 
     def _redirect(self) -> None:
         """Descriptor 2 -> the log; Python's sys.stderr -> the terminal; warnings and loggers -> the log."""
@@ -182,13 +190,15 @@ class RunLog:
     def fail(self, message: str, status: int, error: BaseException | None = None) -> int:
         """Print the one line on the terminal, the traceback of ``error`` (if any) in the log; returns ``status``."""
         if error is not None:
-            self._record(error)
+            with contextlib.suppress(OSError):  # the log's disk is full: the details are lost, not the line
+                self._record(error)
         if self.verbose and error is not None:
             traceback.print_exception(error, file=sys.stderr)
-        details = self._file.tell() > self._start
+        details = self._written()
         text = self.line(message, status, details)
         if details:
-            self._file.write(text + "\n")
+            with contextlib.suppress(OSError):
+                self._file.write(text + "\n")
         print(text, file=sys.stderr, flush=True)
         self._tell_torchrun(text)
         return status

@@ -13,10 +13,20 @@ topology``'s; they are checked, then rendered into build/cluster/<name>.env for 
 whatever happens to the other nodes: a worker container that stops is started again (Docker's
 restart policy brings back one that crashed; one stopped by hand is started here) up to
 --max-restarts times, and torchrun's agents restart every worker in a new rendezvous round, the
-job resuming from its last checkpoint. Each failure is one line naming the node, the rank and
-the exit status or signal; tracebacks, C++ frames and torchrun's banners go to
-build/cluster/<name>.log (``--verbose`` prints them too). The head lost ends the job: the other
-containers are stopped within 10 s and one line names the head. Results are copied to --results.
+job resuming from its last checkpoint. Tracebacks, C++ frames, torchrun's banners and every
+node's output go to build/cluster/<name>.log (``--verbose`` prints them too).
+
+What the user sees of a failure (README.md, "Faults and recovery"):
+- one line per restart, once the job runs again: which node or rank failed and why (signal or
+  exit status, or the ranks that stopped answering), the step it resumed from and the steps lost:
+  ``cluster: restart 1: ddp-cluster-worker-1 (ranks 2-3) stopped with signal 9 (SIGKILL); resumed
+  from step 30 (checkpoint ...), 2 steps lost (the failed attempt reached step 32)``;
+- a failure that a restart cannot cure (bad input: exit status 2; a full disk) is not restarted:
+  the rank's one line at once, and the command's own line ``error: not restarted: ...`` says why;
+- the head lost ends the job: the other containers are stopped (within STOP_GRACE_S) and the
+  command's line names the head;
+- a failure the job did not recover from: the ranks' own one-line errors, then the command's.
+Results are copied to --results.
 """
 
 import argparse
@@ -30,6 +40,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app import progress
 from app.atomic import atomic_write_text
 from app.errors import ClusterError, UsageError
 from app.platform import compose, topology
@@ -47,7 +58,12 @@ _BANNER = re.compile(
     r"|\s+(time|host|rank|exitcode|error_file|traceback)\s*:.*|.+ FAILED)$"
 )
 _WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
-_RESTARTING = re.compile(r"Worker group FAILED\. (\d+)/(\d+) attempts left")
+_APP_ERROR = re.compile(r"^error: (?:rank \d+ on \S+: )?(?P<cause>.*?)(?: \[exit (?P<status>\d+)(?:; log \S+)?\])?$")
+_NO_SPACE = ("No space left on device", "Disk quota exceeded")
+"""What the app's line says (the OS's words for ENOSPC and EDQUOT) when the results volume is full."""
+CONTAINER, KILLED, SILENT, ERROR, EXITED = range(5)
+"""Kinds of failure, the most telling first: a node's container stopped, a rank was killed by a signal,
+ranks stopped answering (the others' report), another error of the app, a rank's exit status."""
 
 
 def describe_status(code: int) -> str:
@@ -115,15 +131,33 @@ def root_cause(exception: str, spec: ClusterSpec) -> str:
     return exception
 
 
-def failure_note(node: str, line: str) -> str | None:
-    """One line for the user about a failure that ``line`` of ``node``'s output reports, if any."""
-    if match := _WORKER_FAILED.search(line):
-        code, local_rank, pid = int(match[1]), match[2], match[3]
-        return f"{node}: local rank {local_rank} (pid {pid}) ended with {describe_status(code)}"
-    if match := _RESTARTING.search(line):
-        left, total = int(match[1]), int(match[2])
-        return f"{node}: torchrun restarts its workers in a new rendezvous round ({left} of {total} restarts left)"
-    return None
+def worker_failed(line: str) -> tuple[int, int] | None:
+    """(exit status or -signal, local rank) when ``line`` is torchrun's report of a worker process that ended."""
+    match = _WORKER_FAILED.search(line)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+@dataclass
+class Incident:
+    """The failures seen since the job last ran; its cause is the first one of the most telling kind."""
+
+    causes: list[tuple[int, str]] = field(default_factory=list)
+
+    def add(self, kind: int, text: str) -> None:
+        self.causes.append((kind, text))
+
+    @property
+    def cause(self) -> str:
+        return min(self.causes, key=lambda c: c[0])[1] if self.causes else "a rank failed"
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A job stopped because no restart can cure its failure."""
+
+    why: str
+    status: int
+    """The job's exit status: 2 for bad input, else 1."""
 
 
 @dataclass
@@ -135,6 +169,17 @@ class Run:
     log_file: Path
     verbose: bool = False
     restarts: int = 0
+    """Worker containers started again."""
+    resumptions: int = 0
+    """Times the job resumed after a failure."""
+    incident: Incident | None = None
+    """The failure the job has not yet resumed from."""
+    errors: list[str] = field(default_factory=list)
+    """The ranks' one-line errors during the incident (printed at the end if the job does not resume)."""
+    gave_up: Stopped | None = None
+    """Why the job was stopped rather than restarted (None: it was not)."""
+    hostnames: dict[str, str] = field(default_factory=dict)
+    """Container host name -> container name."""
     notes: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -156,15 +201,128 @@ class Run:
         profile = ["--profile", "mpi"] if every_profile or self.spec.job.launcher == "mpirun" else []
         return ["docker", "compose", *project, *files, *profile, "--progress", "quiet", *args]
 
-    def say(self, text: str, stream=sys.stdout) -> None:
-        """A line for the user (and the log)."""
+    def say(self, text: str, stream=None) -> None:
+        """A line for the user (stdout unless ``stream`` is given), kept in ``notes``."""
         with self.lock:
-            print(text, file=stream, flush=True)
+            print(text, file=stream or sys.stdout, flush=True)
             self.notes.append(text)
 
     def log(self, text: str) -> None:
         with self.lock, open(self.log_file, "a", encoding="utf-8") as handle:
             handle.write(text + "\n")
+
+    # --- failures and restarts ------------------------------------------------------------------
+
+    def failure(self, kind: int, text: str) -> None:
+        """A failure seen: part of the incident that the next resume (or the end) reports."""
+        with self.lock:
+            self.incident = self.incident or Incident()
+            self.incident.add(kind, text)
+        self.log(f"cluster: failure: {text}")
+
+    def observe(self, node: str, line: str) -> bool:
+        """Take note of a failure or a resume that ``line`` of ``node``'s output reports; True when it did."""
+        if ended := worker_failed(line):
+            code, local_rank = ended
+            kind = KILLED if code < 0 and code != -signal.SIGTERM else EXITED  # torchrun stops the others with TERM
+            self.failure(kind, f"{self.rank_name(node, local_rank)} ended with {describe_status(code)}")
+            if code == 2:
+                self.give_up("bad input fails the same way on every attempt", 2)
+            return True
+        if line.startswith("error: "):
+            self.app_error(line)
+            return True
+        if resumed := progress.parse(line):
+            self.resumed(resumed, line)
+            return True
+        return False
+
+    def app_error(self, line: str) -> None:
+        """A rank's one-line error: held back while the job may resume; a hopeless one stops the job."""
+        match = _APP_ERROR.match(line)
+        cause = self.with_names(match["cause"] if match else line)
+        self.failure(SILENT if " stopped answering: " in cause else ERROR, cause)
+        with self.lock:
+            self.errors.append(line)
+        if any(words in line for words in _NO_SPACE):
+            self.give_up(
+                f"every attempt would run out of disk the same way; free space in the volume "
+                f"{self.spec.job.name}_results, then run the job again: it resumes from its last checkpoint",
+                1,
+                line,
+            )
+        elif match and match["status"] == "2":
+            self.give_up("bad input fails the same way on every attempt", 2, line)
+
+    def resumed(self, resumed: progress.Resumed, line: str) -> None:
+        """The job runs again: one line for the restart, with the failure's cause."""
+        with self.lock:
+            incident, self.incident, self.errors = self.incident, None, []
+        if incident is None:  # a run that continues an earlier job
+            self.say(f"cluster: {line.removeprefix('train: ')}")
+            return
+        self.resumptions += 1
+        self.say(f"cluster: restart {self.resumptions}: {incident.cause}; {resumed.line().removeprefix('train: ')}")
+
+    def give_up(self, why: str, status: int, line: str = "") -> None:
+        """Stop a job that failed in a way no restart can cure (rank 0's node: its agent would restart it).
+
+        The rank's line is printed now; why the job was not restarted is the command's own line at the end.
+        """
+        with self.lock:
+            if self.gave_up:
+                return
+            self.gave_up = Stopped(why, status)
+        for said in [line] if line else dict.fromkeys(self.errors):
+            self.say(self.with_names(said), sys.stderr)
+        _docker("stop", "--time", str(STOP_GRACE_S), self.main_container)
+
+    def unresolved(self) -> None:
+        """At the end: the failure the job did not resume from, as the ranks said it (or its cause)."""
+        if self.incident is None or self.gave_up:
+            return
+        for line in dict.fromkeys(self.errors):
+            self.say(self.with_names(line), sys.stderr)
+        if not self.errors:
+            self.say(f"cluster: the job did not resume: {self.incident.cause}", sys.stderr)
+
+    # --- names --------------------------------------------------------------------------------
+
+    def _containers(self) -> dict[str, str]:
+        """Host name -> container name of this project's containers (asked of Docker when one is unknown)."""
+        label = f"label=com.docker.compose.project={self.spec.job.name}"
+        names = _docker("ps", "-a", "--filter", label, "--format", "{{.Names}}").stdout.split()
+        if names:
+            found = _docker("inspect", "--format", "{{.Config.Hostname}} {{.Name}}", *names).stdout.split("\n")
+            pairs = (entry.split() for entry in found if entry.strip())
+            self.hostnames.update({host: name.lstrip("/") for host, name in pairs})
+        return self.hostnames
+
+    def with_names(self, text: str) -> str:
+        """``text`` with the containers' host names (``on 3f2a...``) replaced by their names."""
+        for host, name in self._containers().items():
+            if host != compose.HEAD:  # the head's host name says what it is; a worker's is its container id
+                text = re.sub(rf"\bon {re.escape(host)}\b", f"on {name}", text)
+        return text
+
+    def node_ranks(self, container: str) -> list[int]:
+        """The global ranks of a torchrun node (c10d numbers nodes by sorting their addresses: head, worker-<host>)."""
+        p = self.spec.nodes.nproc_per_node
+        if container == self.main_container:
+            return list(range(p))
+        workers = sorted((f"worker-{host}", name) for host, name in self._containers().items() if "-worker-" in name)
+        order = [name for _, name in workers]
+        if container not in order:
+            return []
+        node = order.index(container) + 1
+        return list(range(node * p, node * p + p))
+
+    def rank_name(self, node: str, local_rank: int) -> str:
+        """``rank 3 (local rank 1 on ddp-cluster-worker-1)``."""
+        container = node if node.startswith(f"{self.spec.job.name}-") else f"{self.spec.job.name}-{node}"
+        ranks = self.node_ranks(container)
+        where = f"local rank {local_rank} on {container}"
+        return f"rank {ranks[local_rank]} ({where})" if local_rank < len(ranks) else where
 
 
 def _docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -183,13 +341,10 @@ def _follow_main(run: Run, filt: Filter) -> None:
     for raw in proc.stdout:
         line = raw.rstrip("\n")
         run.log(f"{run.main_service}: {line}")
-        if filt.is_internal(line):
-            note = failure_note(run.main_service, line)
-            if note:
-                run.say(f"cluster: {note}")
-            if run.verbose:
-                print(line, flush=True)
-        else:
+        internal = filt.is_internal(line)
+        if run.observe(run.main_container, line):
+            continue
+        if not internal or run.verbose:
             print(line, flush=True)
 
 
@@ -211,9 +366,7 @@ def _follow_others(run: Run, stop: threading.Event) -> None:
                 since = stamp or since
                 node = service.strip()
                 run.log(f"{node}: {line}")
-                note = failure_note(node, line)
-                if note or line.startswith("error: "):
-                    run.say(f"cluster: {note or node + ': ' + line}")
+                run.observe(node, line)
         finally:
             proc.kill()
             proc.wait()
@@ -239,7 +392,9 @@ def _watch_nodes(run: Run, stop: threading.Event) -> None:
             service, name = attributes.get("com.docker.compose.service"), attributes.get("name", "?")
             if service not in _other_services(run):
                 continue
-            _restart_node(run, name, int(attributes.get("exitCode", "0")), stop)
+            code = int(attributes.get("exitCode", "0"))
+            if code != 0:  # a node whose agent finished cleanly is done, not failed
+                _restart_node(run, name, code, stop)
     finally:
         proc.kill()
 
@@ -252,14 +407,14 @@ def _restart_node(run: Run, name: str, code: int, stop: threading.Event) -> None
     if stop.is_set() or not _running(run.main_container):
         return  # the job is over: compose stops the other nodes
     limit = run.spec.rendezvous.max_restarts
+    ranks = run.node_ranks(name)
+    which = f"{name} (ranks {ranks[0]}-{ranks[-1]})" if len(ranks) > 1 else name
     if run.restarts >= limit:
-        run.say(f"cluster: {name} stopped with {describe_status(code)}; no restarts left (--max-restarts {limit})")
+        run.say(f"cluster: {which} stopped with {describe_status(code)}; no restarts left (--max-restarts {limit})")
         return
     run.restarts += 1
-    run.say(
-        f"cluster: {name} stopped with {describe_status(code)}: starting it again "
-        f"(restart {run.restarts} of {limit}); the job resumes from its last checkpoint"
-    )
+    run.failure(CONTAINER, f"{which} stopped with {describe_status(code)}")
+    run.log(f"cluster: starting {name} again (container restart {run.restarts} of {limit})")
     time.sleep(2)  # Docker's restart policy brings back a crashed container by itself
     state = _docker("inspect", "--format", "{{.State.Running}} {{.State.Restarting}}", name).stdout.split()
     if not stop.is_set() and "true" not in state:
@@ -330,9 +485,14 @@ def _up(run: Run, results: Path) -> int:
         thread.start()
     status = _wait_main(run, spec.job.time_limit - (time.monotonic() - start))
     stop.set()
-    threads[-1].join(timeout=10)
     elapsed = time.monotonic() - start
+    # Rank 0's node has ended: the others cannot go on without it; stopped first, reported after.
     subprocess.run(run.compose("stop", "--timeout", str(STOP_GRACE_S)), capture_output=True, timeout=180, check=False)
+    threads[-1].join(timeout=10)
+    if run.gave_up:
+        status = run.gave_up.status
+    elif 0 < status < 128:  # (the head lost is the cause of the others' complaints: they are not repeated)
+        run.unresolved()
     _collect(run, results, elapsed)
     run.say(f"cluster: job exit status {status} after {elapsed:.0f}s; logs: {run.log_file} and make cluster-logs; "
             "remove: make cluster-down")  # fmt: skip
@@ -342,8 +502,10 @@ def _up(run: Run, results: Path) -> int:
 
 
 def _failure(run: Run, status: int, output: Filter) -> str:
-    """The job's failure in one line: ran out of time, the head lost, or the root cause."""
+    """The job's failure in one line: not restarted, ran out of time, the head lost, or the root cause."""
     spec = run.spec
+    if run.gave_up:
+        return f"not restarted: {run.gave_up.why}; the job was stopped"
     if status == 124:
         return (
             f"the job ran past its time limit (--time-limit {spec.job.time_limit}s) and was stopped; "
@@ -352,7 +514,8 @@ def _failure(run: Run, status: int, output: Filter) -> str:
     if status >= 128:
         return (
             f"the head node ({run.main_container}: rank 0's node and the rendezvous host) ended with "
-            f"{describe_status(status)}: the job cannot go on without it; the other nodes were stopped"
+            f"{describe_status(status)}: the job cannot go on without it; the other nodes were stopped; run the "
+            "job again to resume from its last checkpoint"
         )
     if output.cause and not output.said_error:
         return f"{run.main_container}: {root_cause(output.cause, spec)}"

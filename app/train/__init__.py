@@ -11,8 +11,10 @@ Datasets: digits (scikit-learn's 8x8 handwritten digits, shipped with the packag
 mnist and cifar10 (torchvision, files in --data-dir; --download fetches them), synthetic (any
 --input-shape). Models: mlp (the seed's Linear 784-256-10), cnn (BatchNorm), resnet18 (torchvision).
 
-Rank 0 writes OUT/checkpoints/step-N.pt (atomically; every epoch, every --checkpoint-every steps
-and at the end), OUT/metrics.jsonl (one record per epoch and event), OUT/summary.json and, when
+Rank 0 writes OUT/checkpoints/step-N.pt (atomically; every epoch, every --checkpoint-every steps,
+every --checkpoint-every-seconds and at the end), OUT/progress (the last step reached: a resumed
+run says how many steps the failure lost), OUT/metrics.jsonl (one record per epoch and event, the
+slowest rank every --exchange-every steps), OUT/summary.json and, when
 the tensorboard package is installed, TensorBoard scalars in OUT/tensorboard/ (``tensorboard
 --logdir OUT --host 127.0.0.1``; ``make tensorboard RUN=OUT``). With
 --resume auto a restarted job (torchrun --max-restarts) continues from the latest checkpoint;

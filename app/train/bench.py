@@ -8,8 +8,9 @@
 The tutorial loop is the seed's: the MLP (784-256-10), Adam, batch 64 per rank, a DataLoader over
 a TensorDataset with DistributedSampler, DDP with its defaults, ``loss.item()`` every step. The
 ``app train`` side runs the real Trainer, epoch by epoch through ``Trainer.train_epoch`` as ``fit``
-does, with app train's DDP and speed settings (its defaults, or the same flags given here) on the
-same synthetic samples. The one-process loop is app train on rank 0 alone (no DDP: a world of
+does, with app train's DDP and speed settings (its defaults, or the same flags given here), its
+step-time exchange and rank 0's record of each step (OUT/progress, in a temp folder) on the same
+synthetic samples. The one-process loop is app train on rank 0 alone (no DDP: a world of
 one), while the other ranks wait: perfect scaling is N times its samples/s. Each round times one
 epoch of every loop back to back, so that a busy machine slows them alike; the ratio is the median
 over rounds of app / tutorial in the same round, the scaling the median of app / (N x one process),
@@ -21,6 +22,7 @@ given, so every flag (the speed settings, ``--ifname``, ``--timeout``...) reache
 import argparse
 import json
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -32,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from app import flags
+from app import flags, progress
 from app.atomic import atomic_write_text
 from app.errors import UsageError
 from app.platform.distributed import (
@@ -167,6 +169,14 @@ def _rate(timed_epoch: Callable[[int], tuple[int, float]], epoch: int, ctx: Dist
     return total / slowest
 
 
+def _app_trainer(cfg: TrainConfig, ctx: DistContext, dataset: data.Dataset, quiet: Reporter) -> Trainer:
+    """The Trainer as app train runs it: rank 0 also records each step in OUT/progress (one pwrite)."""
+    trainer = Trainer(cfg, ctx, dataset, quiet)
+    if ctx.proc.is_main:
+        trainer.progress = progress.Recorder(cfg.output.out)
+    return trainer
+
+
 def measure(ctx: DistContext, configs: dict[str, TrainConfig], rounds: int) -> dict:
     """Warm every loop up, then time one epoch of each in turn, ``rounds`` times; medians."""
     first = next(iter(configs.values()))
@@ -174,8 +184,8 @@ def measure(ctx: DistContext, configs: dict[str, TrainConfig], rounds: int) -> d
     quiet = Reporter(first.output.out, enabled=False)
     alone = first_ranks(ctx, [1])[1]  # rank 0 as a world of its own; None on the others
     runners = {"tutorial": TutorialLoop(ctx, dataset.train).timed_epoch}
-    runners |= {name: _trainer_epoch(Trainer(cfg, ctx, dataset, quiet)) for name, cfg in configs.items()}
-    runners["one process"] = _trainer_epoch(Trainer(first, alone, dataset, quiet) if alone else None)
+    runners |= {name: _trainer_epoch(_app_trainer(cfg, ctx, dataset, quiet)) for name, cfg in configs.items()}
+    runners["one process"] = _trainer_epoch(_app_trainer(first, alone, dataset, quiet) if alone else None)
     rates: dict[str, list[float]] = {name: [] for name in runners}
     for epoch in range(rounds + 1):
         for name, runner in runners.items():
@@ -251,7 +261,8 @@ def run(args: argparse.Namespace) -> int:
     proc = this_process(dist_cfg)
     if proc.world_size == 1 and bench.nproc_per_node > 1:
         return relaunch("bench", bench.nproc_per_node, args.argv, bench.launch_timeout)
-    with process_group(proc, dist_cfg) as ctx:
+    with process_group(proc, dist_cfg) as ctx, tempfile.TemporaryDirectory(prefix="ddp-bench-") as out:
+        cfg = replace(cfg, output=replace(cfg.output, out=Path(out)))  # for OUT/progress
         report = measure(ctx, variants(cfg, bench.sweep), bench.rounds)
     if proc.is_main:
         print(format_report(report), flush=True)

@@ -7,8 +7,11 @@ shape, classes) that a resume must match. Nothing here overwrites another run's 
 new run refuses an out folder that already has some unless it resumes from the latest.
 """
 
+import errno
 import io
+import os
 import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -68,6 +71,23 @@ def ensure_writable(out: Path) -> None:
         (directory(out) / ".write-test").unlink()
     except OSError as error:
         raise UsageError(f"cannot write to --out {out} ({error.strerror or error}): choose a writable folder") from None
+
+
+def ensure_space(out: Path, latest: Path) -> None:
+    """Refuse to resume when ``out`` has no room for one more checkpoint the size of ``latest``.
+
+    A job restarted into a full disk would train up to its next checkpoint and fail there again,
+    each time losing that work; it fails here at once instead, before training.
+    """
+    try:
+        need, free = latest.stat().st_size, shutil.disk_usage(directory(out)).free
+    except OSError:
+        return  # load() reports a missing checkpoint
+    if free < need:
+        raise ClusterError(
+            f"cannot resume in {out}: {free / 2**20:.1f} MiB free, a checkpoint takes {need / 2**20:.1f} MiB "
+            f"({os.strerror(errno.ENOSPC)}): free some space and run the job again; {latest.name} is intact"
+        )
 
 
 def save(out: Path, state: dict, step: int, keep: int) -> Path:

@@ -1,4 +1,4 @@
-"""Typed configuration of one training run: six sections, every field validated on construction.
+"""Typed configuration of one training run: seven sections, every field validated on construction.
 
 Each field is written once, here: its name is its flag (``batch_size`` -> ``--batch-size``), its
 default the flag's default and the docstring under it the flag's ``--help`` (``app.flags``); each
@@ -195,6 +195,9 @@ class OutputConfig:
     """Also save every N optimizer steps (0: only at epoch ends and the end)."""
     checkpoint_every_epochs: int = 1
     """Save every N epochs (0: only the end)."""
+    checkpoint_every_seconds: float = field(default=30.0, metadata=flag(metavar="S"))
+    """Also save once this many seconds passed since the last checkpoint, so a failure loses at most about
+    that much work (decided at each --exchange-every step, so that every rank agrees; 0: off)."""
     keep_checkpoints: int = 3
     """How many recent checkpoints to keep (older ones are deleted after a new one is safely written)."""
     tensorboard: bool = True
@@ -207,10 +210,27 @@ class OutputConfig:
     def __post_init__(self) -> None:
         _non_negative("--checkpoint-every", self.checkpoint_every)
         _non_negative("--checkpoint-every-epochs", self.checkpoint_every_epochs)
+        _non_negative("--checkpoint-every-seconds", self.checkpoint_every_seconds)
         _non_negative("--tensorboard-every", self.tensorboard_every)
         _at_least_one("--keep-checkpoints", self.keep_checkpoints)
         if self.resume not in ("none", "auto") and not Path(self.resume).is_file():
             raise UsageError(f"--resume {self.resume}: no such checkpoint file (use auto, none or an existing file)")
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    """Stragglers and hangs (app/train/watch.py)."""
+
+    exchange_every: int = 20
+    """Every N optimizer steps the ranks share their step, data and compute times (one small all_gather):
+    the slowest rank is named in metrics.jsonl (0: never; then --checkpoint-every-seconds must be 0 too)."""
+    straggler_percent: float = field(default=50.0, metadata=flag(metavar="X"))
+    """Name the slowest rank on the console (rank 0, one line) when it is busy more than X percent longer per step
+    than the median rank."""
+
+    def __post_init__(self) -> None:
+        _non_negative("--exchange-every", self.exchange_every)
+        _positive("--straggler-percent", self.straggler_percent)
 
 
 @dataclass(frozen=True)
@@ -223,6 +243,14 @@ class TrainConfig:
     steps: StepsConfig = field(default_factory=StepsConfig)
     speed: SpeedConfig = field(default_factory=SpeedConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+
+    def __post_init__(self) -> None:
+        if self.output.checkpoint_every_seconds and not self.health.exchange_every:
+            raise UsageError(
+                f"--checkpoint-every-seconds {self.output.checkpoint_every_seconds:g} needs the ranks' exchange to "
+                "agree on the time: keep --exchange-every > 0, or pass --checkpoint-every-seconds 0"
+            )
 
 
 SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(TrainConfig)}  # type: ignore[misc]

@@ -5,8 +5,8 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from app import flags
-from app.errors import ClusterError
+from app import flags, progress
+from app.errors import ClusterError, first_line
 from app.platform import doctor
 from app.platform.distributed import (
     DistConfig,
@@ -16,7 +16,7 @@ from app.platform.distributed import (
     process_group,
     this_process,
 )
-from app.train import checkpoint, data, models
+from app.train import checkpoint, data, models, watch
 from app.train.collective import main_decides
 from app.train.config import SECTIONS, TrainConfig
 from app.train.report import Reporter
@@ -47,15 +47,19 @@ def prepare_data(cfg: TrainConfig, ctx: DistContext) -> data.Dataset:
     return data.adapt_dataset(loaded, models.input_shape(cfg.model.model, loaded.shape))
 
 
-def _resume_state(cfg: TrainConfig, identity: dict) -> tuple[dict, str] | None:
-    """On rank 0: the checkpoint to continue from, read and checked, or None to start fresh."""
-    checkpoint.ensure_writable(cfg.output.out)
-    path = checkpoint.resolve_resume(cfg.output.out, cfg.output.resume)
+def _resume_state(cfg: TrainConfig, identity: dict) -> tuple[tuple[dict, str] | None, int | None]:
+    """On rank 0: the checkpoint to continue from, read and checked (None: start fresh), and the step
+    that an earlier attempt in this folder reached (None: no record)."""
+    out = cfg.output.out
+    checkpoint.ensure_writable(out)
+    reached = progress.reached(out)
+    path = checkpoint.resolve_resume(out, cfg.output.resume)
     if path is None:
-        return None
+        return None, reached
+    checkpoint.ensure_space(out, path)
     state = checkpoint.load(path)
     checkpoint.check_identity(path, state, identity)
-    return state, str(path)
+    return (state, str(path)), reached
 
 
 def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], None] | None = None) -> dict:
@@ -68,12 +72,20 @@ def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], N
     doctor.preflight(proc, dist_cfg)  # a bad rendezvous: one line now, not a hang later
     with process_group(proc, dist_cfg) as ctx, Reporter.of(cfg.output, ctx.proc.is_main) as reporter:
         trainer = Trainer(cfg, ctx, prepare_data(cfg, ctx), reporter, step_hooks=[reporter.after_step])
+        trainer.progress = progress.Recorder(cfg.output.out) if ctx.proc.is_main else None
         if prepare is not None:
             prepare(trainer)
-        resume = main_decides(lambda: _resume_state(cfg, trainer.identity), ctx.proc.is_main)
+        resume, reached = main_decides(lambda: _resume_state(cfg, trainer.identity), ctx.proc.is_main)
         if resume is not None:
             trainer.restore(*resume)
-        summary = trainer.fit()
+        trainer.note_previous_attempt(reached)
+        try:
+            summary = trainer.fit()
+        except RuntimeError as error:  # a collective that timed out or lost a peer: name the ranks that stopped
+            if not watch.collective_failed(error):
+                raise
+            ctx.mark_broken(first_line(error))
+            raise ClusterError(trainer.watch.explain(error)) from error
         reporter.finish(summary)
         return summary
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Self, TextIO
 import torch
 from tqdm import tqdm
 
+from app import progress
 from app.atomic import atomic_write_text
 from app.train import scalars
 from app.train.config import OutputConfig
@@ -100,6 +101,19 @@ class Reporter:
         if board:
             self._print(f"tensorboard: {board}")
 
+    def resumed(self, resumed: progress.Resumed, restart_count: int) -> None:
+        """The run starts again after an earlier attempt: where from, and the steps that attempt's failure lost
+        (printed even with --quiet: ``python -m app cluster`` reports each restart from this line)."""
+        self.event("resume", **resumed.record(), restart_count=restart_count)
+        if self.enabled:
+            print(resumed.line(), file=self.stream, flush=True)
+
+    def ranks(self, record: dict, line: str | None) -> None:
+        """An exchange of step times: its record in metrics.jsonl; the straggler's line, if any, on the console."""
+        self.event("ranks", **record)
+        if line:
+            self._print(line)
+
     def bar(self, epoch: int, epochs: int, done: int, total: int) -> EpochBar:
         """The progress bar of ``epoch`` from micro-batch ``done`` of ``total`` (terminals only)."""
         return EpochBar(self.stream if self.tty else None, f"epoch {epoch + 1}/{epochs}", done, total)
@@ -122,7 +136,7 @@ class Reporter:
         if not self.enabled:
             return
         atomic_write_text(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")
-        self._append({"event": "end", **{k: summary[k] for k in ("step", "test_accuracy", "params_identical")}})
+        self.event("end", **{k: summary[k] for k in ("step", "test_accuracy", "params_identical")})
         print(format_summary(summary), file=self.stream, flush=True)
 
     def close(self) -> None:

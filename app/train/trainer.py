@@ -3,6 +3,7 @@
     trainer = Trainer(cfg, ctx, data, reporter)   # inside app.platform.distributed.process_group (or a group of
                                                     # its first ranks: first_ranks; ctx.group then)
     trainer.restore(state, source)                  # optional, from checkpoint.load
+    trainer.note_previous_attempt(reached)          # optional: the step an earlier attempt reached (app.progress)
     trainer.step_hooks.append(hook)                 # optional: hook(trainer, step) after each optimizer step
     summary = trainer.fit()                         # or: stats = trainer.train_epoch(), one epoch at a time
 
@@ -10,6 +11,11 @@ One optimizer step is ``accum_steps`` micro-batches; gradients are all-reduced o
 only (``no_sync`` on the others) and each micro-batch's loss is divided by the group's size. The
 gradients travel as --comm-hook says (``comm_hooks``: fp32, fp16, bf16 or PowerSGD, whose state
 the checkpoints keep).
+
+After each optimizer step ``progress`` records it (app train gives rank 0 a recorder of
+OUT/progress: what a restarted job reports as lost), and every ``--exchange-every`` steps the ranks
+share their step times (``watch``: the straggler, and, in ``fit``, whether
+``--checkpoint-every-seconds`` is due).
 
 Step hooks are the extension point: each is called on every rank as ``hook(trainer, step)`` after
 optimizer step ``step`` (1, 2, ...) has been taken and checkpointed (``--checkpoint-every``), before
@@ -29,9 +35,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from app import progress
 from app.errors import UsageError, first_line
 from app.platform.distributed import DistContext
-from app.train import checkpoint, collective, comm_hooks, models
+from app.train import checkpoint, collective, comm_hooks, models, watch
 from app.train import precision as amp
 from app.train.config import TrainConfig
 from app.train.data import Dataset
@@ -141,7 +148,15 @@ class Trainer:
         self.last_loss = torch.zeros((), device=ctx.device)
         """This rank's loss of the latest micro-batch (detached; ``.item()`` waits for the device)."""
         self.resumed_from: str | None = None
+        self.previous: progress.Resumed | None = None
+        """Where this run started again after an earlier attempt, and what that attempt had done (``resume``)."""
+        self.watch = watch.Watch(cfg.health, ctx, self.model)
+        self.progress: progress.Recorder | None = None
+        """Records each step reached (app train gives rank 0 one for OUT/progress)."""
         self._saved_step = -1
+        self._saved_at = time.monotonic()
+        self._save_every_s = 0.0
+        """--checkpoint-every-seconds while ``fit`` runs (``train_epoch`` alone, as app bench runs it: by steps)."""
 
     # --- identity and state -------------------------------------------------------------------
 
@@ -176,6 +191,7 @@ class Trainer:
     def restore(self, state: dict, source: str) -> None:
         """Continue from a checkpoint's state (already checked against ``identity``)."""
         self._check_position(state, source)
+        self._lay_out_buckets()  # first: its passes touch the comm hook's state and the RNG, restored below
         try:
             self.model.load_state_dict(state["model_state"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -194,6 +210,34 @@ class Trainer:
         self._saved_step = self.pos.step
         self.resumed_from = source
 
+    def _lay_out_buckets(self) -> None:
+        """Let DDP order its gradient buckets now, as the uninterrupted run did in its first steps.
+
+        DDP settles its bucket order over its first two backward passes (static_graph's first one
+        all-reduces every gradient at its end; then buckets are rebuilt in the order gradients became
+        ready). gloo and NCCL sum each element in an order that depends on its place in the bucket,
+        and with more than two ranks another order rounds differently: a resumed run would drift
+        from the uninterrupted one by rounding (4 ranks: ~1e-8 after a few steps). Two backward
+        passes of a zero loss (eval mode: BatchNorm statistics stay; no optimizer step; the zero
+        gradients are dropped) leave the buckets as the uninterrupted run has them. They run before
+        the checkpoint's state is loaded: a comm hook's state (PowerSGD's step count, error feedback,
+        the seed it draws Q with) and the RNG they may touch are restored after them.
+        """
+        if not isinstance(self.ddp, DDP):
+            return  # a world of one: no buckets
+        self.model.eval()
+        x = self.loader.split.x[: self.cfg.steps.batch_size].to(self.ctx.device)
+        for _ in range(2):
+            with self.precision.autocast():
+                (self.ddp(x).float().sum() * 0.0).backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.train()
+
+    def note_previous_attempt(self, reached: int | None) -> None:
+        """Note where this run starts relative to an earlier attempt that reached step ``reached`` (None: unknown)."""
+        if self.resumed_from or (reached or 0) > self.pos.step:
+            self.previous = progress.Resumed(self.pos.step, self.resumed_from, reached)
+
     def _check_position(self, state: dict, source: str) -> None:
         if state["batch"] == 0:
             return  # an epoch boundary: any world size or batch size can continue from here
@@ -207,6 +251,8 @@ class Trainer:
 
     def _save(self) -> None:
         """Checkpoint the current position (a collective: every rank calls it; rank 0 writes)."""
+        start = time.perf_counter()
+        self.watch.doing = (watch.CHECKPOINT, self.pos.step)
         group = self.ctx.group
         rng = collective.gather_rng(self.ctx.device, group)
         comm = collective.gather(comm_hooks.state_of(self.comm), group) if comm_hooks.has_state(self.comm) else []
@@ -215,16 +261,21 @@ class Trainer:
             path = checkpoint.save(out.out, self._state(rng, comm), self.pos.step, out.keep_checkpoints)
             self.reporter.event("checkpoint", step=self.pos.step, epoch=self.pos.epoch, path=str(path))
         self._saved_step = self.pos.step
+        self._saved_at = time.monotonic()
+        self.watch.window.idle += time.perf_counter() - start
 
     # --- the loop -------------------------------------------------------------------------------
 
     def _run_batch(self, x: torch.Tensor, y: torch.Tensor, sync: bool, weight: float) -> torch.Tensor:
         """Forward and backward of one micro-batch; gradients all-reduced only when ``sync``."""
+        if sync:
+            self.watch.doing = (watch.GRADIENTS, self.pos.step + 1)
         with nullcontext() if sync else self.no_sync():
             with self.precision.autocast():
                 loss = F.cross_entropy(self.ddp(x), y)
             scaled = loss * weight if weight != 1.0 else loss
             (self.precision.scaler.scale(scaled) if self.precision.scaler else scaled).backward()
+        self.watch.backward_done()
         return loss.detach()
 
     def no_sync(self) -> AbstractContextManager:
@@ -242,13 +293,25 @@ class Trainer:
         self.pos.step += 1
 
     def _after_step(self) -> bool:
-        """Checkpoint, step hooks and step limit after an optimizer step; False: stop now."""
+        """Progress, exchange, checkpoint, step hooks and step limit after an optimizer step; False: stop now."""
         out, step = self.cfg.output, self.pos.step
-        if out.checkpoint_every and step % out.checkpoint_every == 0:
+        if self.progress is not None:
+            self.progress.record(step)
+        self.watch.window.steps += 1
+        due = bool(out.checkpoint_every and step % out.checkpoint_every == 0)
+        if self.watch.due(step):
+            due = self._exchange(step) or due
+        if due:
             self._save()
         for hook in self.step_hooks:
             hook(self, step)
         return not (self.cfg.steps.max_steps and step >= self.cfg.steps.max_steps)
+
+    def _exchange(self, step: int) -> bool:
+        """Share step times (a collective); rank 0 reports the slowest rank. True: a time-based checkpoint is due."""
+        record, line, since_checkpoint = self.watch.exchange(step, time.monotonic() - self._saved_at)
+        self.reporter.ranks(record, line)
+        return bool(self._save_every_s) and since_checkpoint >= self._save_every_s
 
     def train_epoch(self) -> EpochStats:
         """Train from the current position to the end of its epoch, or until --max-steps; what this rank did."""
@@ -256,8 +319,12 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.ctx.device)
         samples, steps, stopped = 0, 0, False
         start = time.perf_counter()
+        self.watch.new_window()
+        clock = self.watch.window
         with self.reporter.bar(epoch, self.cfg.steps.epochs, self.pos.batch, total) as bar:
+            fetch = time.perf_counter()
             for i, (x, y) in enumerate(self.loader.epoch(epoch, self.pos.batch), self.pos.batch):
+                clock.data += time.perf_counter() - fetch
                 group_start = i - i % k
                 group_size = min(k, total - group_start)
                 boundary = i + 1 == group_start + group_size
@@ -272,6 +339,8 @@ class Trainer:
                     if not self._after_step():
                         stopped = True
                         break
+                    clock = self.watch.window  # a new one after an exchange
+                fetch = time.perf_counter()
         seconds = time.perf_counter() - start
         if not stopped or self.pos.batch >= total:
             self.pos = Position(epoch + 1, 0, self.pos.step)
@@ -280,6 +349,7 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> dict:
         """Test loss and accuracy over all ranks, every test sample counted exactly once."""
+        self.watch.doing = (watch.EVALUATION, self.pos.step)
         self.model.eval()
         loss_sum, correct, count = 0.0, 0.0, 0.0
         for x, y in eval_batches(self.data.test, self.rank, self.world, EVAL_BATCH, self.ctx.device):
@@ -320,6 +390,9 @@ class Trainer:
         o, out = self.cfg.steps, self.cfg.output
         start = {**self.describe(), "resumed_from": self.resumed_from, "position": vars(self.pos)}
         self.reporter.start(start, self.banner(), self.pos.step)
+        if self.previous is not None:
+            self.reporter.resumed(self.previous, self.ctx.proc.restart_count)
+        self._saved_at, self._save_every_s = time.monotonic(), out.checkpoint_every_seconds
         record: dict = {}
         totals = {"samples": 0.0, "seconds": 0.0}
         go_on = self.pos.epoch < o.epochs and not (o.max_steps and self.pos.step >= o.max_steps)
@@ -335,6 +408,8 @@ class Trainer:
                 self._save()
         if self._saved_step != self.pos.step:
             self._save()
+        if self.progress is not None:
+            self.progress.close()
         return self._summary(record or self.evaluate(), totals)
 
     def _summary(self, last: dict, totals: dict) -> dict:
@@ -383,12 +458,11 @@ class Trainer:
 
     def banner(self) -> str:
         d = self.describe()
-        resumed = f", resumed from {self.resumed_from} at step {self.pos.step}" if self.resumed_from else ""
         hook = f", {d['comm_hook']} gradients" if d["comm_hook"] != "none" else ""
         return (
             f"train: {d['model']} on {d['dataset']} ({d['train_samples']} train / {d['test_samples']} test), "
             f"{d['world_size']} rank(s) on {d['nodes']} node(s), per-rank batch {d['batch_size']} x "
             f"{d['world_size']} ranks x accum {d['accum_steps']} = global batch {d['global_batch']}, "
             f"{d['precision']}{hook}, {d['backend']} on {d['device']}, {math.ceil(len(self.loader) / d['accum_steps'])}"
-            f" steps/epoch{resumed}"
+            " steps/epoch"
         )

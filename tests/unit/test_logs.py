@@ -53,3 +53,14 @@ def test_default_folder_is_the_runs_output_else_logs() -> None:
     assert logs.log_dir(Args()) == logs.DEFAULT_LOG_DIR
     Args.log_dir = Path("/shared")
     assert logs.log_dir(Args()) == Path("/shared")
+
+
+def test_a_full_disk_under_the_log_still_gets_the_line_out(tmp_path, capsys) -> None:
+    with logs.RunLog("train", tmp_path, verbose=True) as log:
+        log._file.close()
+        log._file = open("/dev/full", "a", buffering=1, encoding="utf-8")  # noqa: SIM115 (every write: ENOSPC)
+        try:
+            raise RuntimeError("boom")
+        except RuntimeError as error:
+            assert log.fail("could not write checkpoint x (No space left on device)", 1, error) == 1
+    assert capsys.readouterr().err.splitlines()[-1].startswith("error: could not write checkpoint x")

@@ -1,9 +1,13 @@
 # ruff: noqa: E501  (torchrun's own output lines, quoted whole)
 """The cluster runner's reading of node output: the app's lines for the user, the rest for the log,
-and each failure as one line."""
+each failure (and each restart) as one line. Docker is not asked: the containers' host names are
+given, and ``docker stop`` is recorded."""
 
+import pytest
+
+from app.platform import supervise
 from app.platform.spec import build
-from app.platform.supervise import Filter, describe_status, failure_note, root_cause
+from app.platform.supervise import Filter, describe_status, root_cause, worker_failed
 
 TORCHRUN_FAILURE = """\
 train: mlp on digits (1437 train / 360 test), 4 rank(s) on 2 node(s)
@@ -68,12 +72,10 @@ def test_an_error_line_of_the_app_is_shown_and_noted() -> None:
     assert f.said_error
 
 
-def test_failures_become_one_line_each() -> None:
+def test_torchruns_report_of_an_ended_worker_is_read() -> None:
     line = "E1122 11:25:09.788000 7 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 6038) of binary: /x"
-    assert failure_note("worker-1", line) == "worker-1: local rank 1 (pid 6038) ended with signal 9 (SIGKILL)"
-    restart = "W1122 ... [default] Worker group FAILED. 2/3 attempts left; will restart worker group"
-    assert "2 of 3 restarts left" in failure_note("head", restart)
-    assert failure_note("head", "epoch 3/10  train loss 0.5") is None
+    assert worker_failed(line) == (-9, 1)
+    assert worker_failed("epoch 3/10  train loss 0.5") is None
 
 
 def test_statuses_read_as_exits_and_signals() -> None:
@@ -87,3 +89,88 @@ def test_torchruns_exceptions_read_in_the_users_terms() -> None:
     text = root_cause("torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError", spec)
     assert "not all 3 nodes joined within --join-timeout 30s" in text
     assert root_cause("ValueError: x", spec) == "ValueError: x"
+
+
+# --- failures, restarts and their one line (Run.observe); Docker is not asked: host names are given
+
+CONTAINERS = {"head": "demo-head-1", "3f2a1b4c5d6e": "demo-worker-1", "0a0a0a0a0a0a": "demo-init-1"}
+RESUMED = "train: resumed from step 23 (checkpoint /r/f/checkpoints/step-00000023.pt), 4 steps lost (the failed attempt reached step 27)"
+
+
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    job = supervise.Run(build({"job": {"name": "demo"}}), tmp_path / "demo.env", tmp_path / "demo.log")
+    monkeypatch.setattr(job, "_containers", lambda: CONTAINERS)
+    job.docker_calls = []
+    monkeypatch.setattr(supervise, "_docker", lambda *args, **_: job.docker_calls.append(args))
+    return job
+
+
+def test_one_line_per_restart_names_the_killed_rank_not_the_ranks_that_failed_after_it(run, capsys):
+    head, worker = "demo-head-1", "worker-1"
+    lines = [
+        (head, "error: rank 0 on head: ranks 2-3 on 3f2a1b4c5d6e stopped answering: the gradient all-reduce ..."),
+        (worker, "E1122 12:15:03.098000 6 api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 17) of binary: x"),
+        (head, "E1122 12:15:03.098000 7 api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 156) of binary: x"),
+        (head, "W1122 12:15:03.580000 7 api.py:1002] failed (exitcode: -15) local_rank: 1 (pid: 157) of binary: x"),
+    ]
+    assert all(run.observe(node, line) for node, line in lines)
+    assert capsys.readouterr().out == ""  # held back: the job may resume
+    assert run.observe(head, RESUMED)
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "cluster: restart 1: rank 3 (local rank 1 on demo-worker-1) ended with signal 9 (SIGKILL); resumed from "
+        "step 23 (checkpoint /r/f/checkpoints/step-00000023.pt), 4 steps lost (the failed attempt reached step 27)"
+    ]
+    assert run.incident is None and run.errors == []
+
+
+def test_a_container_that_stopped_is_the_cause_and_a_hang_report_names_containers(run, capsys):
+    run.failure(supervise.CONTAINER, "demo-worker-1 (ranks 2-3) stopped with signal 9 (SIGKILL)")
+    run.observe("demo-head-1", "error: rank 0 on head: rank 3 on 3f2a1b4c5d6e stopped answering: x [exit 1; log /l]")
+    run.observe("demo-head-1", RESUMED)
+    assert capsys.readouterr().out.startswith(
+        "cluster: restart 1: demo-worker-1 (ranks 2-3) stopped with signal 9 (SIGKILL); resumed from step 23"
+    )
+    run.observe("demo-head-1", "error: rank 0 on head: rank 3 on 3f2a1b4c5d6e stopped answering: y [exit 1; log /l]")
+    run.observe("demo-head-1", RESUMED)
+    assert capsys.readouterr().out.startswith("cluster: restart 2: rank 3 on demo-worker-1 stopped answering: y; ")
+
+
+def test_a_full_disk_is_not_restarted(run, capsys):
+    line = (
+        "error: rank 0 on head: could not write checkpoint /results/f/checkpoints/step-00000030.pt (No space left on "
+        "device): free some space or choose another --out; the earlier checkpoints are intact [exit 1; log /l]"
+    )
+    run.observe("demo-head-1", "error: rank 2 on 3f2a1b4c5d6e: rank 0 on head stopped answering: ... [exit 1; log /l]")
+    run.observe("demo-head-1", line)
+    run.observe("demo-head-1", "error: rank 0 on head: cannot resume in /results/f: ... (No space left on device) ...")
+    assert capsys.readouterr().err.splitlines() == [line]  # at once; why it was not restarted: the final line
+    assert run.gave_up.status == 1 and run.docker_calls == [("stop", "--time", "10", "demo-head-1")]
+    assert supervise._failure(run, 143, Filter()) == (
+        "not restarted: every attempt would run out of disk the same way; free space in the volume demo_results, "
+        "then run the job again: it resumes from its last checkpoint; the job was stopped"
+    )
+
+
+def test_bad_input_is_not_restarted_and_a_worker_is_named_by_its_container(run, capsys):
+    run.observe("worker-1", "error: rank 1 on 3f2a1b4c5d6e: --dataset 'nope' is not one of digits [exit 2]")
+    run.observe("worker-1", "E1122 1 api.py:1] failed (exitcode: 2) local_rank: 0 (pid: 9) of binary: x")
+    assert capsys.readouterr().err.splitlines() == [
+        "error: rank 1 on demo-worker-1: --dataset 'nope' is not one of digits [exit 2]"
+    ]
+    assert run.gave_up == supervise.Stopped("bad input fails the same way on every attempt", 2)
+
+
+def test_at_the_end_a_failure_without_resume_is_told_by_the_ranks_own_lines(run, capsys):
+    run.observe("demo-head-1", "error: rank 0 on head: rank 2 on 3f2a1b4c5d6e stopped answering: z [exit 1; log /l]")
+    run.unresolved()
+    assert capsys.readouterr().err.splitlines() == [
+        "error: rank 0 on head: rank 2 on demo-worker-1 stopped answering: z [exit 1; log /l]"
+    ]
+
+
+def test_node_ranks_follow_c10d_order(run):
+    assert run.node_ranks("demo-head-1") == [0, 1]
+    assert run.node_ranks("demo-worker-1") == [2, 3]
+    assert run.rank_name("worker-1", 1) == "rank 3 (local rank 1 on demo-worker-1)"

@@ -75,3 +75,14 @@ def test_unwritable_out_is_a_usage_error_and_a_failed_save_a_cluster_error(tmp_p
     (tmp_path / "taken" / "checkpoints").write_text("a file where the folder goes")
     with pytest.raises(ClusterError, match="could not write checkpoint"):
         checkpoint.save(tmp_path / "taken", _state(1), 1, keep=1)
+
+
+def test_resuming_on_a_disk_without_room_for_one_more_checkpoint_fails_before_training(tmp_path, monkeypatch) -> None:
+    latest = checkpoint.save(tmp_path, _state(7), 7, keep=3)
+    size = latest.stat().st_size
+    usage = checkpoint.shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda _: usage._replace(free=size - 1))
+    with pytest.raises(ClusterError, match=r"cannot resume in .*: 0\.0 MiB free, .*\(No space left on device\)"):
+        checkpoint.ensure_space(tmp_path, latest)
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda _: usage._replace(free=size))
+    checkpoint.ensure_space(tmp_path, latest)  # room for exactly one more: go on

@@ -5,6 +5,7 @@ import pytest
 from app.errors import UsageError
 from app.train.config import (
     DataConfig,
+    HealthConfig,
     OptimizerConfig,
     OutputConfig,
     SpeedConfig,
@@ -49,6 +50,10 @@ def test_parse_shape_rejects(text: str) -> None:
         (lambda: OutputConfig(keep_checkpoints=0), "--keep-checkpoints 0"),
         (lambda: OutputConfig(checkpoint_every=-1), "--checkpoint-every -1"),
         (lambda: OutputConfig(resume="/no/such/file.pt"), "no such checkpoint file"),
+        (lambda: OutputConfig(checkpoint_every_seconds=-5), "--checkpoint-every-seconds -5"),
+        (lambda: HealthConfig(exchange_every=-1), "--exchange-every -1"),
+        (lambda: HealthConfig(straggler_percent=0), "--straggler-percent 0 must be > 0"),
+        (lambda: TrainConfig(health=HealthConfig(exchange_every=0)), "--checkpoint-every-seconds 30 needs the ranks'"),
     ],
 )
 def test_bad_values_name_the_flag(build, message: str) -> None:

@@ -1,0 +1,216 @@
+"""Straggler and hang reports: the ranks compare their step times every few steps, and a collective that
+fails names the ranks that stopped answering.
+
+    python -m app train --exchange-every 20 --straggler-percent 50   # the defaults
+    torchrun ... -m app train --timeout 60                            # a collective that waits 60 s fails
+
+Step times. Each rank times a window of optimizer steps: its wall time, the time it waited for
+batches (data) and the time it waited for the gradient all-reduce (from its last gradient being
+ready to the end of backward: waiting for the others). Its busy time is the wall time less that
+wait: in synchronous DDP every rank's step takes as long as the slowest rank's, so the straggler is
+not the rank with the longest steps but the one the others wait for, the one busy longest.
+Checkpoint writes count as neither. Every --exchange-every steps one all_gather of five numbers per
+rank shares the windows; rank 0 writes a ``ranks`` record to metrics.jsonl naming the slowest rank
+and its host, and prints one line when that rank is busy more than --straggler-percent longer than
+the median rank (again only when another rank becomes the straggler). The same exchange carries
+rank 0's time since its last checkpoint, so every rank agrees when --checkpoint-every-seconds is due.
+
+Hangs. A collective that times out (--timeout) or loses a peer raises on the ranks that are still
+alive (a DistError, or a RuntimeError from gloo inside DDP's backward: ``collective_failed`` tells).
+Each writes its rank, host and step under a key of the process group's store (rank 0's TCPStore:
+it outlives a broken gloo group), waits up to REPORT_GRACE_S for the others' keys, and fails with
+one line (folded here) naming the collective and the ranks, and their hosts, that did not answer:
+
+    error: rank 0 on head: rank 3 on worker-b stopped answering: the gradient all-reduce of step 63 failed
+    (Timed out waiting 20000ms for recv operation to complete); 3 of 4 ranks answer (all had reached step 60
+    at the last exchange) [exit 1; log /results/x/logs/train-rank0.log]
+"""
+
+import json
+import re
+import statistics
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from itertools import groupby
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from app.errors import first_line
+from app.platform.distributed import DistContext
+from app.train import collective
+from app.train.config import HealthConfig
+
+REPORT_GRACE_S = 3.0
+"""Seconds a rank whose collective failed waits for the others' word in the store before naming the silent ones."""
+_ALIVE = "ddp-cluster/alive/{}"
+"""The store key under which a rank says it is still alive after a failed collective."""
+_TRANSPORT = re.compile(r"third_party/gloo|NCCL|[Tt]imed out|Connection (closed|reset|refused)|Broken pipe")
+"""What gloo's and NCCL's errors say when a peer is gone or too slow (DDP raises them as RuntimeError)."""
+GRADIENTS = "gradient all-reduce"
+EXCHANGE = "exchange of step times"
+CHECKPOINT = "checkpoint"
+EVALUATION = "evaluation"
+
+
+@dataclass
+class Window:
+    """One rank's times since the last exchange (or the start of the epoch), in seconds."""
+
+    start: float
+    steps: int = 0
+    data: float = 0.0
+    """Waiting for batches."""
+    wait: float = 0.0
+    """Waiting for the gradient all-reduce."""
+    idle: float = 0.0
+    """Neither training nor waiting: writing checkpoints."""
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """``rank 3``, ``ranks 2-3``, ``ranks 0, 2, 5-7``."""
+    runs = [[r for _, r in group] for _, group in groupby(enumerate(sorted(ranks)), lambda p: p[1] - p[0])]
+    parts = [str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs]
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(parts)
+
+
+def analyse(rows: list[list[float]], hosts: list[str], step: int, percent: float) -> tuple[dict, str | None]:
+    """The ``ranks`` record of an exchange, and the console line when the slowest rank is a straggler.
+
+    rows: per rank, (steps, seconds less idle, data seconds, wait seconds, seconds since checkpoint).
+    """
+    busy, data = [], []
+    for steps, seconds, data_s, wait_s, _ in rows:
+        n = max(steps, 1.0)
+        busy.append(1000 * max(seconds - wait_s, 0.0) / n)
+        data.append(1000 * data_s / n)
+    slowest = max(range(len(rows)), key=busy.__getitem__)
+    median = statistics.median(busy)
+    over = 100 * (busy[slowest] / median - 1) if median > 0 else 0.0
+    step_ms = 1000 * rows[0][1] / max(rows[0][0], 1.0)
+    record = {
+        "step": step,
+        "steps": int(rows[0][0]),
+        "step_ms": round(step_ms, 3),
+        "slowest_rank": slowest,
+        "slowest_host": hosts[slowest],
+        "slowest_busy_ms": round(busy[slowest], 3),
+        "median_busy_ms": round(median, 3),
+        "over_median_percent": round(over, 1),
+        "busy_ms": [round(b, 3) for b in busy],
+        "data_ms": [round(d, 3) for d in data],
+    }
+    if over <= percent:
+        return record, None
+    compute = busy[slowest] - data[slowest]
+    line = (
+        f"train: rank {slowest} on {hosts[slowest]} is the slowest (a straggler): busy {busy[slowest]:.1f} ms per "
+        f"step, {over:.0f}% above the median {median:.1f} ms (data {data[slowest]:.1f} ms, compute {compute:.1f} ms; "
+        f"steps take {step_ms:.1f} ms)"
+    )
+    return record, line
+
+
+def collective_failed(error: BaseException) -> bool:
+    """True when ``error`` is a collective that timed out or lost a peer (not a bug of the training code)."""
+    if isinstance(error, dist.DistError):
+        return True
+    return isinstance(error, RuntimeError) and bool(_TRANSPORT.search(str(error)))
+
+
+class Watch:
+    """One rank's step times, exchanged every ``cfg.exchange_every`` steps, and its account of a failed collective."""
+
+    def __init__(self, cfg: HealthConfig, ctx: DistContext, model: nn.Module) -> None:
+        self.cfg, self.ctx = cfg, ctx
+        self.rank, self.world = ctx.proc.rank, ctx.proc.world_size
+        self.hosts: list[str] = collective.gather(ctx.proc.host, ctx.group)
+        """Every rank's host, in rank order (gathered once, when the trainer starts)."""
+        self.window = Window(time.perf_counter())
+        self.doing: tuple[str, int] = ("start", 0)
+        """The collective this rank is in (or was in last), and the optimizer step it belongs to."""
+        self.exchanged_at = 0
+        """The step of the last exchange: every rank had reached it."""
+        self._named: int | None = None
+        self._grad_ready = 0.0
+        for param in model.parameters():
+            if param.requires_grad:
+                param.register_post_accumulate_grad_hook(self._on_gradient)
+
+    # --- timing (called by the trainer) ----------------------------------------------------------
+
+    def _on_gradient(self, _param: torch.Tensor) -> None:
+        self._grad_ready = time.perf_counter()
+
+    def backward_done(self) -> None:
+        """Backward returned: the time since the last gradient was ready was spent waiting for the others."""
+        self.window.wait += time.perf_counter() - self._grad_ready
+
+    def new_window(self) -> None:
+        """Start timing afresh (an epoch begins: evaluation and its collectives are not steps)."""
+        self.window = Window(time.perf_counter())
+
+    def due(self, step: int) -> bool:
+        return bool(self.cfg.exchange_every) and step % self.cfg.exchange_every == 0
+
+    def exchange(self, step: int, since_checkpoint: float) -> tuple[dict, str | None, float]:
+        """Share the window (a collective): the ``ranks`` record, the straggler line or None, rank 0's seconds
+        since its last checkpoint (the same on every rank)."""
+        w = self.window
+        seconds = time.perf_counter() - w.start - w.idle
+        mine = torch.tensor([w.steps, seconds, w.data, w.wait, since_checkpoint], dtype=torch.float64)
+        self.doing = (EXCHANGE, step)
+        if self.world > 1:
+            rows = [torch.empty_like(mine) for _ in range(self.world)]
+            dist.all_gather(rows, mine, group=self.ctx.group)
+        else:
+            rows = [mine]
+        self.exchanged_at = step
+        self.new_window()
+        record, line = analyse([r.tolist() for r in rows], self.hosts, step, self.cfg.straggler_percent)
+        straggler = record["slowest_rank"] if line else None
+        if straggler == self._named:
+            line = None  # said already
+        self._named = straggler
+        return record, line, float(rows[0][4])
+
+    # --- a failed collective ---------------------------------------------------------------------
+
+    def explain(self, error: BaseException) -> str:
+        """Why the job cannot go on, in one line: which ranks (and hosts) stopped answering."""
+        what, step = self.doing
+        failed = f"the {what} of step {step} failed ({first_line(error)[:160]})"
+        answered = self._roll_call(step)
+        if answered is None:
+            return f"rank 0 on {self.hosts[0]} stopped answering: {failed}, and rank 0's store does not answer either"
+        silent = [r for r in range(self.world) if r not in answered]
+        if not silent:
+            return f"{failed}; every rank still answers: a rank too slow for --timeout, or the network"
+        by_host = [
+            f"{ranks_text([r for r in silent if self.hosts[r] == host])} on {host}"
+            for host in dict.fromkeys(self.hosts[r] for r in silent)
+        ]
+        return (
+            f"{' and '.join(by_host)} stopped answering: {failed}; {len(answered)} of {self.world} ranks answer "
+            f"(all had reached step {self.exchanged_at} at the last exchange)"
+        )
+
+    def _roll_call(self, step: int) -> set[int] | None:
+        """The ranks that say they are alive in the store within REPORT_GRACE_S; None when the store is gone."""
+        try:
+            store = dist.distributed_c10d._get_default_store()
+            store.set_timeout(timedelta(seconds=REPORT_GRACE_S))
+            store.set(_ALIVE.format(self.rank), json.dumps({"host": self.ctx.proc.host, "step": step}))
+        except (RuntimeError, ValueError):  # DistError is a RuntimeError: the store's host is gone
+            return None
+        answered = {self.rank}
+        deadline = time.monotonic() + REPORT_GRACE_S
+        while len(answered) < self.world and time.monotonic() < deadline:
+            try:
+                answered |= {r for r in range(self.world) if r not in answered and store.check([_ALIVE.format(r)])}
+            except (RuntimeError, ValueError):
+                return None
+            time.sleep(0.1)
+        return answered

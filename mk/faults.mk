@@ -1,0 +1,11 @@
+# Faults and recovery of the compose mini-cluster (included by the top-level Makefile). The fault
+# suite itself is tests/docker/test_faults.py (part of `make test`); this is its benchmark.
+
+##@ Faults
+
+# Extra arguments of the benchmark, e.g. BENCH_FAULTS_ARGS='--epochs 400 --json build/bench-faults.json'.
+BENCH_FAULTS_ARGS ?=
+
+.PHONY: bench-faults
+bench-faults: image-cpu ## Recovery time, steps lost and training time ratio of the 2x2 cluster with one fault a minute (~7 min).
+	$(PY) -m tests.docker.bench_faults --image $(IMAGE_NAME):cpu $(BENCH_FAULTS_ARGS)

@@ -1,0 +1,183 @@
+"""``make bench-faults``: how fast the compose cluster heals. A benchmark (figures), not a test (no assertions).
+
+    make bench-faults                                    # IMAGE_NAME=... picks the image, as for cluster-up
+    python -m tests.docker.bench_faults --image ddp-cluster:cpu --minutes 3 --json build/bench-faults.json
+
+Runs one training job on the 2 x 2 gloo cluster twice, the same job both times: first undisturbed,
+then with one fault a minute, alternately a training process killed (kill -9 inside the worker
+container) and the worker container killed (docker kill). The job checkpoints only on the default
+time basis (``--checkpoint-every-seconds``, its default; no epoch checkpoints), so the steps lost
+show what that default bounds. For each fault: the time from the fault to the first optimizer step
+the resumed job completes (the fault job's ``--first-steps`` record; container and host share a
+clock), the steps lost (the resume record in metrics.jsonl) and the checkpoint interval in steps.
+Then the effective training time ratio: the undisturbed run's training time over the disturbed
+run's (first start to end in metrics.jsonl). Figures depend on the machine's load: note it.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from tests.docker.faults import OUT, FaultRun, explain
+
+FIRST_STEPS = f"{OUT}/first-steps.jsonl"
+KILL_A_TRAINING_PROCESS = (
+    "import os, signal\n"
+    "pids = [int(p) for p in os.listdir('/proc') if p.isdigit()]\n"
+    "def argv(p):\n"
+    "    try:\n"
+    "        return open(f'/proc/{p}/cmdline', 'rb').read().split(b'\\0')\n"
+    "    except OSError:\n"
+    "        return []\n"
+    "ranks = [p for p in pids if b'/job/fault_job.py' in argv(p)[1:3] and b'torchrun' not in argv(p)[1]]\n"
+    "os.kill(max(ranks), signal.SIGKILL)\n"
+    "print(max(ranks))\n"
+)
+"""Run in the worker container: SIGKILL its newest training process (``python -u /job/fault_job.py``, not the
+torchrun agent, whose arguments name the script too)."""
+
+
+def train_args(epochs: int) -> list[str]:
+    """The job: digits, 23 steps per epoch on 4 ranks; checkpoints only every --checkpoint-every-seconds."""
+    return [
+        "--dataset", "digits", "--epochs", str(epochs), "--batch-size", "16", "--checkpoint-every-epochs", "0",
+        "--out", OUT, "--resume", "auto", "--timeout", "30", "--quiet",
+    ]  # fmt: skip
+
+
+def run_job(job: FaultRun, epochs: int, fault_every: float) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """Run the job; with ``fault_every`` > 0 strike a fault every that many seconds while it trains."""
+    proc = job.start(["--first-steps", FIRST_STEPS], "--max-restarts", "20", train=train_args(epochs))
+    faults: list[dict] = []
+    if fault_every:
+        threading.Thread(target=_strike, args=(job, proc, fault_every, faults), daemon=True).start()
+    done = job.finish(proc, timeout=3600)
+    return done, faults
+
+
+def _strike(job: FaultRun, proc: subprocess.Popen, every: float, faults: list[dict]) -> None:
+    head, worker = job.container("head"), job.container("worker")
+    while proc.poll() is None and job.docker("exec", head, "test", "-s", FIRST_STEPS, timeout=30).returncode:
+        time.sleep(1)  # not training yet
+    kinds = ["training process killed", "worker container killed"]
+    while True:
+        deadline = time.monotonic() + every
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return
+            time.sleep(0.5)
+        kind = kinds[len(faults) % 2]
+        at = time.time()
+        if kind == kinds[0]:
+            done = job.docker("exec", worker, "python", "-c", KILL_A_TRAINING_PROCESS, timeout=60)
+        else:
+            done = job.docker("kill", worker, timeout=60)
+        faults.append({"kind": kind, "time": at, "ok": done.returncode == 0, "detail": done.stderr.strip()[-200:]})
+
+
+def _records(job: FaultRun) -> tuple[list[dict], list[dict]]:
+    first = job.results / "f" / "first-steps.jsonl"
+    steps = [json.loads(line) for line in first.read_text().splitlines()] if first.exists() else []
+    return job.metrics(), steps
+
+
+def training_seconds(metrics: list[dict]) -> float:
+    starts = [m["time"] for m in metrics if m["event"] == "start"]
+    ends = [m["time"] for m in metrics if m["event"] == "end"]
+    return ends[-1] - starts[0]
+
+
+def recoveries(faults: list[dict], metrics: list[dict], first_steps: list[dict]) -> list[dict]:
+    """Each fault with its recovery time, steps lost and the checkpoint interval before it."""
+    resumes = [m for m in metrics if m["event"] == "resume"]
+    checkpoints = [m for m in metrics if m["event"] == "checkpoint"]
+    out = []
+    for fault in faults:
+        after = [s["time"] for s in first_steps if s["time"] > fault["time"]]
+        resume = next((m for m in resumes if m["time"] > fault["time"]), None)
+        before = [c["step"] for c in checkpoints if c["time"] < fault["time"]]
+        interval = before[-1] - before[-2] if len(before) > 1 else None
+        out.append(
+            {
+                **fault,
+                "recovery_s": round(min(after) - fault["time"], 1) if after else None,
+                "steps_lost": resume["lost"] if resume else None,
+                "resumed_from": resume["from_step"] if resume else None,
+                "checkpoint_interval_steps": interval,
+            }
+        )
+    return out
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.docker.bench_faults", description=__doc__.splitlines()[0])
+    parser.add_argument("--image", default="ddp-cluster:cpu", help="workload image (default: ddp-cluster:cpu)")
+    parser.add_argument("--epochs", type=int, default=600, help="epochs of digits (2-3 minutes undisturbed)")
+    parser.add_argument("--fault-every", type=float, default=60.0, metavar="S", help="seconds between faults")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+    report: dict = {"load_average_before": os.getloadavg(), "image": args.image, "epochs": args.epochs}
+    with tempfile.TemporaryDirectory(prefix="bench-faults-") as tmp:
+        for name, every in (("undisturbed", 0.0), ("one fault per minute", args.fault_every)):
+            job = FaultRun(f"ddpb-{uuid.uuid4().hex[:8]}", Path(tmp) / name.replace(" ", "-"), args.image)
+            print(f"bench-faults: {name}: {job.project} ...", flush=True)
+            try:
+                done, faults = run_job(job, args.epochs, every)
+                if done.returncode != 0:
+                    print(f"error: the {name} run failed\n{explain(done)}", file=sys.stderr)
+                    return 1
+                metrics, first_steps = _records(job)
+                report[name] = {
+                    "training_s": round(training_seconds(metrics), 1),
+                    "steps": next(m["step"] for m in reversed(metrics) if m["event"] == "end"),
+                    "faults": recoveries(faults, metrics, first_steps),
+                    "restart_lines": [line for line in done.stdout.splitlines() if line.startswith("cluster: restart")],
+                }
+            finally:
+                subprocess.run(
+                    [sys.executable, "-m", "app", "cluster", "down", "--name", job.project],
+                    capture_output=True, timeout=300, check=False,
+                )  # fmt: skip
+    report["load_average_after"] = os.getloadavg()
+    print(format_report(report), flush=True)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def format_report(r: dict) -> str:
+    calm, hit = r["undisturbed"], r["one fault per minute"]
+    faults = hit["faults"]
+    lines = [
+        f"bench-faults: 2 nodes x 2 ranks (gloo), digits, {r['epochs']} epochs, {calm['steps']} steps; "
+        f"load average before {r['load_average_before'][0]:.1f}, after {r['load_average_after'][0]:.1f}",
+    ]
+    for f in faults:
+        lines.append(
+            f"  {f['kind']:<26} recovery {f['recovery_s']} s  steps lost {f['steps_lost']} "
+            f"(resumed from {f['resumed_from']}; checkpoint interval {f['checkpoint_interval_steps']} steps)"
+        )
+    timed = [f["recovery_s"] for f in faults if f["recovery_s"] is not None]
+    lost = [f["steps_lost"] for f in faults if f["steps_lost"] is not None]
+    if timed:
+        lines.append(f"  median recovery {statistics.median(timed):.1f} s (max {max(timed):.1f} s), "
+                     f"median steps lost {statistics.median(lost) if lost else '?'}")  # fmt: skip
+    ratio = calm["training_s"] / hit["training_s"]
+    lines.append(
+        f"  training time: undisturbed {calm['training_s']:.0f} s, {len(faults)} fault(s) {hit['training_s']:.0f} s: "
+        f"effective training time ratio {ratio:.2f}"
+    )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,86 @@
+"""Drive the compose cluster through faults: start a job of the fault job (jobs/fault_job.py), wait for its
+marker, act on a container, and read what came back. Used by test_faults.py and ``make bench-faults``.
+
+    run = FaultRun("ddpt-1234", Path("/tmp/results"), "ddp-cluster-test:cpu")
+    proc = run.start(["--fault-at-step", "25", "--fault-rank", "3", "--slow-ms", "500"])
+    marker = run.marker()                  # the step was reached: act now
+    run.docker("kill", run.container("worker"))
+    done = run.finish(proc)                # exit status and output of `python -m app cluster up`
+"""
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = "tests/docker/jobs/fault_job.py"
+OUT = "/results/f"
+"""The job's --out in the results volume."""
+MARKER = f"{OUT}/fault.json"
+COLLECTIVE_TIMEOUT = 20
+"""The job's --timeout: a collective that waits longer fails."""
+TRAIN = [
+    "--dataset", "digits", "--epochs", "2", "--batch-size", "16", "--checkpoint-every", "10",
+    "--keep-checkpoints", "10", "--out", OUT, "--resume", "auto", "--timeout", str(COLLECTIVE_TIMEOUT),
+]  # fmt: skip
+"""app train's flags: 23 steps per epoch on 4 ranks, 46 in all; checkpoints at 10, 20, 23, 30, 40, 46."""
+FINAL_STEP = 46
+
+
+@dataclass
+class FaultRun:
+    """One compose project running the fault job."""
+
+    project: str
+    results: Path
+    image: str
+
+    def command(self, hooks: list[str], *spec: str, train: list[str] = TRAIN) -> list[str]:
+        args = " ".join([*hooks, "--", *train])
+        return [
+            sys.executable, "-m", "app", "cluster", "up", "--name", self.project, "--image", self.image,
+            "--results", str(self.results), "--script", JOB, "--args", args, *spec,
+        ]  # fmt: skip
+
+    def start(self, hooks: list[str], *spec: str, train: list[str] = TRAIN) -> subprocess.Popen:
+        """``python -m app cluster up`` with the fault job, in the background."""
+        cmd = self.command(["--marker", MARKER, *hooks], *spec, train=train)
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def container(self, service: str) -> str:
+        return f"{self.project}-{service}-1"
+
+    def docker(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+    def marker(self, proc: subprocess.Popen, timeout: float = 400) -> dict:
+        """The fault job's marker (its step was reached), read from the head container as soon as it is there."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = self.docker("exec", self.container("head"), "cat", MARKER, timeout=30)
+            if found.returncode == 0 and found.stdout.strip():
+                return json.loads(found.stdout)
+            assert proc.poll() is None, f"the job ended before its fault step:\n{self.finish(proc)}"
+            time.sleep(0.5)
+        raise AssertionError(f"no marker {MARKER} within {timeout}s")
+
+    def finish(self, proc: subprocess.Popen, timeout: float = 600) -> subprocess.CompletedProcess:
+        out, err = proc.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    def final_state(self, step: int = FINAL_STEP) -> dict:
+        """The checkpoint of ``step`` that came back to --results, read as the app reads it."""
+        path = self.results / "f" / "checkpoints" / f"step-{step:08d}.pt"
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+    def metrics(self) -> list[dict]:
+        return [json.loads(line) for line in (self.results / "f" / "metrics.jsonl").read_text().splitlines()]
+
+
+def explain(done: subprocess.CompletedProcess) -> str:
+    return f"exit {done.returncode}\n--- stdout\n{done.stdout[-5000:]}\n--- stderr\n{done.stderr[-3000:]}"

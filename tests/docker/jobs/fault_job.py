@@ -1,0 +1,108 @@
+"""Test-only job: ``python -m app train`` exactly as the command line runs it, plus fault hooks.
+
+    python -m app cluster up --script tests/docker/jobs/fault_job.py \\
+        --args '--marker /results/x/fault.json --fault-at-step 30 --fault-rank 3 --slow-ms 500 -- --out /results/x ...'
+    python tests/docker/jobs/fault_job.py --marker m.json --fault-at-step 6 --fault-rank 2 --stall -- <train flags>
+
+Used by the fault suite (tests/docker/test_faults.py), the hang and straggler tests
+(tests/integration/test_train_health.py) and ``make bench-faults``. The flags before ``--`` are
+the hooks'; the rest are app train's. Runs through ``app.cli.main`` (one-line errors, per-rank
+logs) with ``app.train.main.train`` given one more step hook. The product has no fault flags.
+
+Hooks, on the first attempt only (the process found no --marker when it started):
+  at --fault-at-step, rank --fault-rank writes --marker (JSON: step, rank, host, pid, time), then
+    --stall: stops itself (SIGSTOP), like a hung process
+    --fill-disk: fills the file system of --marker, leaving --leave-mib MiB free
+  and from then on sleeps --slow-ms per step (the others wait for it), so a test can act at a known step.
+Always: --sleep-rank R sleeps --sleep-ms per step (a straggler); --first-steps FILE gets one JSON line
+per process with its first completed step and the time (``make bench-faults``).
+"""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from app import cli
+from app.train import main as train_main
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    hooks, train_args = _split(argv)
+    parser = argparse.ArgumentParser(prog="fault_job.py")
+    parser.add_argument("--marker", type=Path)
+    parser.add_argument("--fault-at-step", type=int, default=0)
+    parser.add_argument("--fault-rank", type=int, default=0)
+    parser.add_argument("--slow-ms", type=float, default=0)
+    parser.add_argument("--stall", action="store_true")
+    parser.add_argument("--fill-disk", action="store_true")
+    parser.add_argument("--leave-mib", type=float, default=1.0)
+    parser.add_argument("--sleep-rank", type=int, default=-1)
+    parser.add_argument("--sleep-ms", type=float, default=0)
+    parser.add_argument("--first-steps", type=Path)
+    return parser.parse_args(hooks), train_args
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the hooks' flags, app train's flags): the two sides of ``--``."""
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1 :]
+
+
+def fill(folder: Path, leave: int) -> None:
+    """Fill ``folder``'s file system until ``leave`` bytes are free."""
+    chunk = b"\0" * 2**20
+    with open(folder / "filler", "wb") as handle:
+        while os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize > leave + len(chunk):
+            handle.write(chunk)
+            handle.flush()
+
+
+def fault_hook(opts: argparse.Namespace):
+    armed = opts.marker is not None and not opts.marker.exists()
+    state = {"slow": False, "first": True}
+
+    def hook(trainer, step: int) -> None:
+        if state["first"] and opts.first_steps:
+            state["first"] = False
+            line = {"rank": trainer.rank, "restart": trainer.ctx.proc.restart_count, "step": step, "time": time.time()}
+            with open(opts.first_steps, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(line) + "\n")
+        if trainer.rank == opts.sleep_rank:
+            time.sleep(opts.sleep_ms / 1000)
+        if armed and step == opts.fault_at_step and trainer.rank == opts.fault_rank:
+            info = {"step": step, "rank": trainer.rank, "host": socket.gethostname(), "pid": os.getpid()}
+            tmp = opts.marker.with_suffix(".tmp")
+            tmp.write_text(json.dumps({**info, "time": time.time()}))
+            tmp.replace(opts.marker)
+            state["slow"] = True
+            if opts.fill_disk:
+                fill(opts.marker.parent, int(opts.leave_mib * 2**20))
+            if opts.stall:
+                os.kill(os.getpid(), signal.SIGSTOP)
+        if state["slow"]:
+            time.sleep(opts.slow_ms / 1000)
+
+    return hook
+
+
+def main(argv: list[str]) -> int:
+    opts, train_args = parse(argv)
+    real_train = train_main.train
+    hook = fault_hook(opts)
+
+    def train_with_hook(cfg, dist_cfg, prepare=None):
+        return real_train(cfg, dist_cfg, prepare=lambda trainer: trainer.step_hooks.append(hook))
+
+    train_main.train = train_with_hook
+    return cli.main(["train", *train_args])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

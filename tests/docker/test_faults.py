@@ -1,0 +1,209 @@
+"""The fault suite: the compose cluster (2 nodes x 2 ranks, gloo) heals itself, or says in one line why not.
+
+Each fault strikes at step 25 of a 46-step job, after the checkpoints of steps 10, 20 and 23: the fault
+job (jobs/fault_job.py) writes a marker there and slows its steps, and the test acts on a container.
+1. a training process killed (kill -9 inside the worker container), 2. the worker container killed,
+4. the worker container paused past the collective timeout: the job resumes and ends with parameters
+and optimizer state identical to an uninterrupted run's; 3. the head container killed, 5. the results
+volume full during a checkpoint write: the job ends within the stated bound with the stated line, and
+the last checkpoint loads (and, the space freed, the job resumes and finishes).
+
+Run: ``DDP_TEST_IMAGE_NAME=... .venv/bin/python -m pytest tests/docker/test_faults.py`` (a few minutes).
+"""
+
+import calendar
+import re
+import time
+import uuid
+
+import pytest
+import torch
+
+from .conftest import project_leftovers, run
+from .faults import COLLECTIVE_TIMEOUT, FINAL_STEP, OUT, FaultRun, explain
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+FAULT_STEP = 25
+HOOKS = ["--fault-at-step", str(FAULT_STEP), "--fault-rank", "3", "--slow-ms", "500"]
+STOP_GRACE_S = 10
+"""app/platform/supervise.py's: the other containers stop within it once the head is gone."""
+RESUMED = re.compile(
+    r"; resumed from step (?P<step>\d+) \(checkpoint /results/f/checkpoints/step-\d{8}\.pt\), "
+    r"(?P<lost>\d+) steps? lost \(the failed attempt reached step (?P<reached>\d+)\)$"
+)
+
+
+def new_run(image: str, tmp_path) -> FaultRun:
+    return FaultRun(f"ddpf-{uuid.uuid4().hex[:8]}", tmp_path / "results", image)
+
+
+@pytest.fixture
+def fault_run(cpu_image, tmp_path):
+    """A compose project of its own, removed afterwards."""
+    job = new_run(cpu_image, tmp_path)
+    yield job
+    run(["python3", "-m", "app", "cluster", "down", "--name", job.project], 240)
+    assert project_leftovers(job.project) == []
+
+
+@pytest.fixture(scope="module")
+def reference(cpu_image, tmp_path_factory) -> dict:
+    """The final checkpoint of the same job without a fault."""
+    job = new_run(cpu_image, tmp_path_factory.mktemp("reference"))
+    try:
+        done = job.finish(job.start([]))
+        assert done.returncode == 0, explain(done)
+        assert "cluster: restart" not in done.stdout, explain(done)
+        return job.final_state()
+    finally:
+        run(["python3", "-m", "app", "cluster", "down", "--name", job.project], 240)
+
+
+def assert_same_training(state: dict, want: dict) -> None:
+    """The same weights and optimizer state, bit for bit: the fault cost time, not correctness."""
+    assert state["step"] == want["step"] == FINAL_STEP
+    for name, tensor in want["model_state"].items():
+        assert torch.equal(state["model_state"][name], tensor), name
+    for index, slots in want["optimizer"]["state"].items():
+        for key, tensor in slots.items():
+            assert torch.equal(state["optimizer"]["state"][index][key], tensor), (index, key)
+
+
+def restart_line(job: FaultRun, stdout: str) -> tuple[str, re.Match]:
+    """The one restart line (there must be exactly one), and its resume part; checked against metrics.jsonl."""
+    lines = [line for line in stdout.splitlines() if line.startswith("cluster: restart")]
+    assert len(lines) == 1, stdout[-5000:]
+    resumed = RESUMED.search(lines[0])
+    assert resumed, lines[0]
+    step, lost, reached = int(resumed["step"]), int(resumed["lost"]), int(resumed["reached"])
+    assert 23 <= step <= FAULT_STEP <= reached and lost == reached - step, lines[0]
+    [event] = [m for m in job.metrics() if m["event"] == "resume"]
+    assert (event["from_step"], event["lost"], event["reached"]) == (step, lost, reached), event
+    return lines[0], resumed
+
+
+def recovers(job: FaultRun, reference: dict, fault) -> str:
+    """Run the job, call ``fault(marker)`` at the fault step; the job must end 0 with the reference's state.
+    Returns the restart line."""
+    proc = job.start(HOOKS)
+    marker = job.marker(proc)
+    assert (marker["step"], marker["rank"]) == (FAULT_STEP, 3)
+    fault(marker)
+    done = job.finish(proc)
+    assert done.returncode == 0, explain(done)
+    line, _ = restart_line(job, done.stdout)
+    assert_same_training(job.final_state(), reference)
+    return line
+
+
+def test_a_killed_training_process_is_restarted_and_the_job_ends_as_if_nothing_happened(fault_run, reference):
+    worker = fault_run.container("worker")
+
+    def kill_rank_3(marker: dict) -> None:
+        assert fault_run.docker("exec", worker, "kill", "-9", str(marker["pid"])).returncode == 0
+
+    line = recovers(fault_run, reference, kill_rank_3)
+    assert line.startswith(f"cluster: restart 1: rank 3 (local rank 1 on {worker}) ended with signal 9 (SIGKILL); ")
+
+
+def test_a_killed_worker_container_is_started_again_and_the_job_ends_as_if_nothing_happened(fault_run, reference):
+    worker = fault_run.container("worker")
+    line = recovers(fault_run, reference, lambda _: fault_run.docker("kill", worker))
+    assert line.startswith(f"cluster: restart 1: {worker} (ranks 2-3) stopped with signal 9 (SIGKILL); "), line
+
+
+def test_a_paused_worker_is_named_and_after_unpause_the_job_resumes(fault_run, reference):
+    worker = fault_run.container("worker")
+
+    def pause_past_the_timeout(_marker: dict) -> None:
+        assert fault_run.docker("pause", worker).returncode == 0
+        try:
+            time.sleep(COLLECTIVE_TIMEOUT + 10)  # the head's ranks time out, name the silent ones, and restart
+        finally:
+            assert fault_run.docker("unpause", worker).returncode == 0
+
+    line = recovers(fault_run, reference, pause_past_the_timeout)
+    said = re.match(
+        rf"cluster: restart 1: ranks 2-3 on {worker} stopped answering: the gradient all-reduce of step (\d+) "
+        rf"failed \(Timed out waiting {COLLECTIVE_TIMEOUT * 1000}ms for (send|recv) operation to complete\); "
+        "2 of 4 ranks answer",
+        line,
+    )
+    assert said and int(said[1]) > FAULT_STEP, line
+
+
+def test_the_head_lost_ends_the_job_within_the_bound_with_one_line(fault_run):
+    proc = fault_run.start(HOOKS)
+    fault_run.marker(proc)
+    head = fault_run.container("head")
+    assert fault_run.docker("kill", head).returncode == 0
+    killed_at = time.monotonic()
+    label = f"label=com.docker.compose.project={fault_run.project}"
+    while fault_run.docker("ps", "-q", "--filter", label).stdout.strip():
+        assert time.monotonic() - killed_at < 300, "containers still running"
+        time.sleep(0.5)
+    stopped_within = time.monotonic() - killed_at
+    done = fault_run.finish(proc)
+    assert done.returncode == 137, explain(done)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    head_lost = (
+        f"error: the head node ({head}: rank 0's node and the rendezvous host) ended with signal 9 (SIGKILL): the job "
+        "cannot go on without it; the other nodes were stopped; run the job again to resume from its last checkpoint"
+    )
+    said = rf"{re.escape(head_lost)} \[exit 137(; log \S+)?\]"
+    assert len(errors) == 1 and re.fullmatch(said, errors[0]), explain(done)
+    assert stopped_within <= COLLECTIVE_TIMEOUT + STOP_GRACE_S, f"the others ran {stopped_within:.0f}s after the head"
+    last = sorted((fault_run.results / "f" / "checkpoints").glob("step-*.pt"))[-1]
+    state = torch.load(last, map_location="cpu", weights_only=True)
+    assert 23 <= state["step"] <= FAULT_STEP + 5 and state["model_state"], last
+
+
+def test_a_full_results_volume_fails_with_one_line_keeps_the_last_checkpoint_and_resumes_once_freed(
+    fault_run, reference
+):
+    # The results volume is a 24 MiB tmpfs, made before compose up with compose's labels (compose adopts it,
+    # and removes it at cluster down); a holder container keeps it mounted (a tmpfs volume that no container
+    # mounts is empty). The job fills it at step 25, leaving 1 MiB: the checkpoint of step 30 needs ~2.4.
+    volume, holder = f"{fault_run.project}_results", f"{fault_run.project}-holder"
+    made = fault_run.docker(
+        "volume", "create", "--driver", "local", "--opt", "type=tmpfs", "--opt", "device=tmpfs",
+        "--opt", "o=size=24m,uid=1000,gid=1000,mode=0755", "--label", f"com.docker.compose.project={fault_run.project}",
+        "--label", "com.docker.compose.volume=results", volume,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    hold = ["-d", "--name", holder, "--network", "none", "-v", f"{volume}:/results", "--entrypoint", "sleep"]
+    assert fault_run.docker("run", *hold, fault_run.image, "infinity").returncode == 0
+    try:
+        disk_full_then_freed(fault_run, reference, volume, holder)
+    finally:
+        fault_run.docker("rm", "--force", holder)
+
+
+def disk_full_then_freed(fault_run: FaultRun, reference: dict, volume: str, holder: str) -> None:
+    proc = fault_run.start([*HOOKS, "--fill-disk", "--leave-mib", "1"])
+    marker = fault_run.marker(proc)
+    done = fault_run.finish(proc)
+    assert done.returncode == 1, explain(done)
+    path = f"{OUT}/checkpoints/step-00000030.pt"
+    assert re.search(
+        rf"^error: rank 0 on head: could not write checkpoint {path} \(No space left on device\): free some space "
+        r"or choose another --out; the earlier checkpoints are intact \[exit 1; log \S+\]$",
+        done.stderr,
+        re.M,
+    ), explain(done)
+    said = "error: not restarted: every attempt would run out of disk the same way; free space in the volume"
+    assert done.stderr.splitlines()[-1].startswith(f"{said} {volume}, then run the job again"), explain(done)
+    assert "cluster: restart" not in done.stdout, "a full disk must not be restarted into the same failure"
+    finished = fault_run.docker("inspect", "--format", "{{.State.FinishedAt}}", fault_run.container("head")).stdout
+    stopped = calendar.timegm(time.strptime(finished.strip()[:19], "%Y-%m-%dT%H:%M:%S"))
+    assert stopped - marker["time"] <= 5 * 0.5 + STOP_GRACE_S + 15, "the job went on after the failed write"
+    checkpoints = fault_run.results / "f" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == [f"step-{s:08d}.pt" for s in (10, 20, 23)]
+    assert torch.load(checkpoints / "step-00000023.pt", map_location="cpu", weights_only=True)["step"] == 23
+
+    assert fault_run.docker("exec", holder, "rm", f"{OUT}/filler").returncode == 0
+    again = fault_run.finish(fault_run.start([]))
+    assert again.returncode == 0, explain(again)
+    assert "cluster: resumed from step 23 (checkpoint /results/f/checkpoints/step-00000023.pt)" in again.stdout
+    assert_same_training(fault_run.final_state(), reference)

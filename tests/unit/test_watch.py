@@ -1,0 +1,49 @@
+"""app/train/watch.py's pure parts: who is the straggler, how ranks read, which errors are a lost peer."""
+
+import pytest
+import torch.distributed as dist
+
+from app.train.watch import analyse, collective_failed, ranks_text
+
+HOSTS = ["head", "head", "w1", "w1"]
+
+
+def rows(busy_ms: list[float], wait_ms: list[float], steps: int = 10) -> list[list[float]]:
+    """Exchange rows of ranks whose steps all take as long (lockstep): wall = busy + wait per step."""
+    wall = [b + w for b, w in zip(busy_ms, wait_ms, strict=True)]
+    assert len({round(x, 6) for x in wall}) == 1, "in synchronous DDP every rank's step takes as long"
+    return [[steps, steps * t / 1e3, steps / 1e3, steps * w / 1e3, 12.5] for t, w in zip(wall, wait_ms, strict=True)]
+
+
+def test_the_straggler_is_the_rank_the_others_wait_for_not_the_one_with_long_steps():
+    # Rank 2 is busy 60 ms per step; the others finish in 10 ms and wait 50 ms for it in the all-reduce.
+    record, line = analyse(rows([10, 10, 60, 10], [50, 50, 0, 50]), HOSTS, step=40, percent=50)
+    assert record["slowest_rank"] == 2 and record["slowest_host"] == "w1"
+    assert record["busy_ms"] == [10, 10, 60, 10] and record["median_busy_ms"] == 10
+    assert record["over_median_percent"] == 500 and record["step_ms"] == 60 and record["steps"] == 10
+    assert line == (
+        "train: rank 2 on w1 is the slowest (a straggler): busy 60.0 ms per step, 500% above the median 10.0 ms "
+        "(data 1.0 ms, compute 59.0 ms; steps take 60.0 ms)"
+    )
+
+
+def test_no_line_below_the_threshold():
+    record, line = analyse(rows([10, 12, 11, 10], [2, 0, 1, 2]), HOSTS, step=20, percent=50)
+    assert record["slowest_rank"] == 1 and line is None
+
+
+@pytest.mark.parametrize(
+    ("ranks", "text"),
+    [([3], "rank 3"), ([2, 3], "ranks 2-3"), ([5, 0, 2, 6, 7], "ranks 0, 2, 5-7")],
+)
+def test_ranks_text(ranks, text):
+    assert ranks_text(ranks) == text
+
+
+def test_lost_peers_and_timeouts_are_collective_failures_but_bugs_are_not():
+    gloo = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [172.18.0.3]:41913"
+    assert collective_failed(RuntimeError(gloo))
+    assert collective_failed(RuntimeError("Timed out waiting 20000ms for recv operation to complete"))
+    assert collective_failed(dist.DistBackendError("NCCL communicator was aborted"))
+    assert not collective_failed(RuntimeError("mat1 and mat2 shapes cannot be multiplied (64x10 and 784x256)"))
+    assert not collective_failed(ValueError("Timed out"))
