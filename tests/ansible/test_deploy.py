@@ -124,7 +124,7 @@ def test_a_failing_job_fails_the_play_with_its_error(deployed: dict) -> None:
     run = run_playbook(DEPLOY, deployed["inventory"], extravars, tags="launch", timeout=600)
     assert run.status == "failed"
     text = " ".join(run.stdout.split())
-    failure = text[text.find("Job 'bad'"):][:600]
+    failure = text[text.find("Job 'bad'") :][:600]
     # The one line the app printed: which rank on which node, the problem, the exit status.
     assert f"Job 'bad' on {deployed['names'][0]} exited with 1: error: rank 0 on node0: --dataset" in text, failure
     assert "--dataset 'nope' is not one of digits" in text
