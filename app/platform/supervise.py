@@ -332,10 +332,16 @@ def _docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         raise UsageError("docker is not installed: run `make engine`") from None
 
 
-def _follow_main(run: Run, filt: Filter) -> None:
-    """Print the main node's app lines until it ends; internals go to the log, failures become one line."""
+def _follow_main(run: Run, filt: Filter, since: float) -> None:
+    """Print the main node's app lines until it ends; internals go to the log, failures become one line.
+
+    Only this run's: a container that compose starts again keeps its earlier runs' output in docker logs.
+    """
     proc = subprocess.Popen(
-        ["docker", "logs", "--follow", run.main_container], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        ["docker", "logs", "--follow", "--since", f"{since:.3f}", run.main_container],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     assert proc.stdout is not None
     for raw in proc.stdout:
@@ -348,22 +354,22 @@ def _follow_main(run: Run, filt: Filter) -> None:
             print(line, flush=True)
 
 
-def _follow_others(run: Run, stop: threading.Event) -> None:
+def _follow_others(run: Run, stop: threading.Event, since: float) -> None:
     """The other nodes' failures as one line each (their full output stays in the log).
 
     ``compose logs --follow`` ends when the containers it follows stop; it is started again
     (from the last line seen) as long as the job runs, so a restarted node is followed too.
     """
-    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+    after = f"{since:.3f}"  # this run's lines only, as for the main node
     while not stop.is_set():
-        args = run.compose("logs", "--follow", "--no-color", "--timestamps", "--since", since, *_other_services(run))
+        args = run.compose("logs", "--follow", "--no-color", "--timestamps", "--since", after, *_other_services(run))
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         try:
             assert proc.stdout is not None
             for raw in proc.stdout:
                 service, _, rest = raw.rstrip("\n").partition(" | ")
                 stamp, _, line = rest.partition(" ")
-                since = stamp or since
+                after = stamp or after
                 node = service.strip()
                 run.log(f"{node}: {line}")
                 run.observe(node, line)
@@ -468,7 +474,7 @@ def _up(run: Run, results: Path) -> int:
     run.log_file.parent.mkdir(parents=True, exist_ok=True)
     run.log_file.write_text("")
     stop = threading.Event()
-    start = time.monotonic()
+    start, since = time.monotonic(), time.time()
     # Detached: compose starts the nodes (the workers once the head is healthy) and returns; the
     # job's end is rank 0's node ending, whatever the other nodes do meanwhile.
     services = [run.main_service] if spec.job.launcher == "mpirun" else []  # mpirun: the launcher and its workers
@@ -478,9 +484,12 @@ def _up(run: Run, results: Path) -> int:
     if _docker("inspect", run.main_container).returncode != 0:
         detail = (started.stderr.strip().splitlines() or ["no output"])[-1]
         raise ClusterError(f"the cluster did not start: {detail}: see {run.log_file}")
-    threads = [threading.Thread(target=f, args=(run, stop), daemon=True) for f in (_watch_nodes, _follow_others)]
     main_output = Filter()
-    threads.append(threading.Thread(target=_follow_main, args=(run, main_output), daemon=True))
+    threads = [
+        threading.Thread(target=_watch_nodes, args=(run, stop), daemon=True),
+        threading.Thread(target=_follow_others, args=(run, stop, since), daemon=True),
+        threading.Thread(target=_follow_main, args=(run, main_output, since), daemon=True),
+    ]
     for thread in threads:
         thread.start()
     status = _wait_main(run, spec.job.time_limit - (time.monotonic() - start))
