@@ -92,6 +92,9 @@ def env_file(spec: ClusterSpec, default_script_dir: Path) -> str:
         "IMAGE": spec.job.image,
         "NODES": spec.nodes.nodes,
         "WORKERS": spec.nodes.nodes - 1,
+        # docker's own restarts of a crashed worker, bounded like torchrun's (on-failure alone never stops:
+        # a worker whose head is gone for good would come back for ever).
+        "WORKER_RESTART": f"on-failure:{spec.rendezvous.max_restarts}" if spec.rendezvous.max_restarts else "no",
         "GPUS_PER_NODE": spec.nodes.gpus_per_node,
         "LAUNCHER": spec.job.launcher,
         "TIME_LIMIT": spec.job.time_limit,

@@ -134,6 +134,12 @@ def test_compose_file_publishes_nothing_and_isolates_the_network(engine, tmp_pat
     assert services["worker"]["scale"] == 2 and services["mpi-worker"]["scale"] == 3
 
 
+@pytest.mark.parametrize(("flags", "policy"), [((), "on-failure:3"), (("--max-restarts", "1"), "on-failure:1"),
+                                               (("--max-restarts", "0"), "no")])  # fmt: skip
+def test_a_crashed_worker_is_restarted_at_most_max_restarts_times(engine, tmp_path, flags, policy):
+    assert _config(tmp_path, *flags)["services"]["worker"]["restart"] == policy
+
+
 def test_gpu_override_reserves_gpus_for_every_node(engine, tmp_path):
     flags = ("--gpus-per-node", "2", "--image", "ddp-cluster:cuda")
     services = _config(tmp_path, *flags, files=("compose.yaml", "compose.gpu.yaml"))["services"]
