@@ -25,11 +25,11 @@ def named_modules(block: str) -> set[str]:
         heading = PACKAGE_LINE.match(line)
         if heading:
             depth = len(heading["indent"]) // 2
-            packages = packages[:depth] + [heading["name"]]
+            packages = [*packages[:depth], heading["name"]]
             continue
         depth = (len(line) - len(line.lstrip(" "))) // 2
         for word in re.findall(r"\b[\w]+\.py\b", line):
-            named.add("/".join(packages[:depth] + [word]))
+            named.add("/".join([*packages[:depth], word]))
     return named
 
 
