@@ -40,7 +40,7 @@ cluster-scale: image-$(IMAGE_TAG) ## Scaling report over the mini-cluster's NODE
 $(TV_VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(TV_VENV)
 	$(TV_VENV)/bin/python -m pip install --quiet $(TV_SPEC)
-	$(TV_VENV)/bin/python -m pip install --quiet numpy scikit-learn tqdm pytest pytest-timeout
+	$(TV_VENV)/bin/python -m pip install --quiet -e '.[vision,test]'
 	touch $@
 
 .PHONY: venv-tv
