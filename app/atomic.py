@@ -4,6 +4,10 @@ import os
 import tempfile
 from pathlib import Path
 
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # read once, at import (one thread): the mode a plain open() would give, not mkstemp's 0600
+FILE_MODE = 0o666 & ~_UMASK
+
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to a temp file beside ``path``, fsync it, rename it over ``path``."""
@@ -11,6 +15,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()

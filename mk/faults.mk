@@ -8,4 +8,4 @@ BENCH_FAULTS_ARGS ?=
 
 .PHONY: bench-faults
 bench-faults: image-cpu ## Recovery time, steps lost and training time ratio of the 2x2 cluster with one fault a minute (~7 min).
-	$(PY) -m tests.docker.bench_faults --image $(IMAGE_NAME):cpu $(BENCH_FAULTS_ARGS)
+	$(PY) -m cluster.faults.bench --image $(IMAGE_NAME):cpu $(BENCH_FAULTS_ARGS)

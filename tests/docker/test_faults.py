@@ -1,7 +1,7 @@
 """The fault suite: the compose cluster (2 nodes x 2 ranks, gloo) heals itself, or says in one line why not.
 
 Each fault strikes at step 25 of a 46-step job, after the checkpoints of steps 10, 20 and 23: the fault
-job (jobs/fault_job.py) writes a marker there and slows its steps, and the test acts on a container.
+job (cluster/faults/fault_job.py) writes a marker there and slows its steps, and the test acts on a container.
 1. a training process killed (kill -9 inside the worker container), 2. the worker container killed,
 4. the worker container paused past the collective timeout: the job resumes and ends with parameters
 and optimizer state identical to an uninterrupted run's; 3. the head container killed, 5. the results
@@ -19,8 +19,9 @@ import uuid
 import pytest
 import torch
 
+from cluster.faults.drive import COLLECTIVE_TIMEOUT, FINAL_STEP, OUT, FaultRun, explain
+
 from .conftest import project_leftovers, run
-from .faults import COLLECTIVE_TIMEOUT, FINAL_STEP, OUT, FaultRun, explain
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

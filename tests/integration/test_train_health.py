@@ -3,7 +3,7 @@
 A rank that stops (SIGSTOP, like a hung process) is named by the ranks that still answer, once
 their collective times out; a rank that is slow every step is named as the straggler. Each test
 moves the fault to another rank as its own negative control: the report must follow it.
-The fault hooks are the fault suite's test job (tests/docker/jobs/fault_job.py).
+The fault hooks are the fault suite's test job (cluster/faults/fault_job.py).
 """
 
 import json
@@ -20,7 +20,7 @@ from tests.integration.train_runs import TIMEOUT, metrics, synthetic
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-JOB = ROOT / "tests" / "docker" / "jobs" / "fault_job.py"
+JOB = ROOT / "cluster" / "faults" / "fault_job.py"
 COLLECTIVE_TIMEOUT = 8
 
 

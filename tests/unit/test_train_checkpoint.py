@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from app.atomic import atomic_write_text
 from app.errors import ClusterError, UsageError
 from app.train import checkpoint
 
@@ -86,3 +87,11 @@ def test_resuming_on_a_disk_without_room_for_one_more_checkpoint_fails_before_tr
         checkpoint.ensure_space(tmp_path, latest)
     monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda _: usage._replace(free=size))
     checkpoint.ensure_space(tmp_path, latest)  # room for exactly one more: go on
+
+
+def test_written_files_get_the_mode_a_plain_open_gives(tmp_path) -> None:
+    """Not mkstemp's 0600: results copied out of a container, or shared, stay readable."""
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    written = atomic_write_text(tmp_path / "summary.json", "{}")
+    assert written.stat().st_mode & 0o777 == plain.stat().st_mode & 0o777

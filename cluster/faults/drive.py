@@ -1,5 +1,6 @@
-"""Drive the compose cluster through faults: start a job of the fault job (jobs/fault_job.py), wait for its
-marker, act on a container, and read what came back. Used by test_faults.py and ``make bench-faults``.
+"""Drive the compose cluster through faults: start a job of the fault job (fault_job.py), wait for its
+marker, act on a container, and read what came back. Used by tests/docker/test_faults.py and by
+``make bench-faults`` (bench.py).
 
     run = FaultRun("ddpt-1234", Path("/tmp/results"), "ddp-cluster-test:cpu")
     proc = run.start(["--fault-at-step", "25", "--fault-rank", "3", "--slow-ms", "500"])
@@ -18,7 +19,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-JOB = "tests/docker/jobs/fault_job.py"
+JOB = "cluster/faults/fault_job.py"
 OUT = "/results/f"
 """The job's --out in the results volume."""
 MARKER = f"{OUT}/fault.json"

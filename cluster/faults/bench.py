@@ -1,7 +1,7 @@
 """``make bench-faults``: how fast the compose cluster heals. A benchmark (figures), not a test (no assertions).
 
     make bench-faults                                    # IMAGE_NAME=... picks the image, as for cluster-up
-    python -m tests.docker.bench_faults --image ddp-cluster:cpu --minutes 3 --json build/bench-faults.json
+    python -m cluster.faults.bench --image ddp-cluster:cpu --minutes 3 --json build/bench-faults.json
 
 Runs one training job on the 2 x 2 gloo cluster twice, the same job both times: first undisturbed,
 then with one fault a minute, alternately a training process killed (kill -9 inside the worker
@@ -26,7 +26,7 @@ import time
 import uuid
 from pathlib import Path
 
-from tests.docker.faults import OUT, FaultRun, explain
+from cluster.faults.drive import OUT, FaultRun, explain
 
 FIRST_STEPS = f"{OUT}/first-steps.jsonl"
 KILL_A_TRAINING_PROCESS = (
@@ -118,7 +118,7 @@ def recoveries(faults: list[dict], metrics: list[dict], first_steps: list[dict])
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.docker.bench_faults", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m cluster.faults.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--image", default="ddp-cluster:cpu", help="workload image (default: ddp-cluster:cpu)")
     parser.add_argument("--epochs", type=int, default=600, help="epochs of digits (2-3 minutes undisturbed)")
     parser.add_argument("--fault-every", type=float, default=60.0, metavar="S", help="seconds between faults")
