@@ -12,8 +12,9 @@ not the rank with the longest steps but the one the others wait for, the one bus
 Checkpoint writes count as neither. Every --exchange-every steps one all_gather of five numbers per
 rank shares the windows; rank 0 writes a ``ranks`` record to metrics.jsonl naming the slowest rank
 and its host, and prints one line when that rank is busy more than --straggler-percent longer than
-the median rank (again only when another rank becomes the straggler). The same exchange carries
-rank 0's time since its last checkpoint, so every rank agrees when --checkpoint-every-seconds is due.
+the median rank at two exchanges in a row (again only when another rank becomes the straggler). The
+same exchange carries rank 0's time since its last checkpoint, so every rank agrees when
+--checkpoint-every-seconds is due.
 
 Hangs. A collective that times out (--timeout) or loses a peer raises on the ranks that are still
 alive (a DistError, or a RuntimeError from gloo inside DDP's backward: ``collective_failed`` tells).
@@ -120,6 +121,27 @@ def collective_failed(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and bool(_TRANSPORT.search(str(error)))
 
 
+class StragglerNamer:
+    """When to name a straggler on the console: the same rank over the threshold at two exchanges in a
+    row (one slow window is noise: on busy machines the slowest rank changes all the time), and once
+    until another rank takes its place or none is over."""
+
+    def __init__(self) -> None:
+        self.candidate: int | None = None
+        self.named: int | None = None
+
+    def name(self, straggler: int | None) -> bool:
+        """``straggler``: this exchange's slowest rank when it is over the threshold, else None."""
+        repeated = straggler is not None and straggler == self.candidate
+        self.candidate = straggler
+        if straggler is None:
+            self.named = None
+        if not repeated or straggler == self.named:
+            return False
+        self.named = straggler
+        return True
+
+
 class Watch:
     """One rank's step times, exchanged every ``cfg.exchange_every`` steps, and its account of a failed collective."""
 
@@ -133,7 +155,7 @@ class Watch:
         """The collective this rank is in (or was in last), and the optimizer step it belongs to."""
         self.exchanged_at = 0
         """The step of the last exchange: every rank had reached it."""
-        self._named: int | None = None
+        self._namer = StragglerNamer()
         self._grad_ready = 0.0
         for param in model.parameters():
             if param.requires_grad:
@@ -170,10 +192,8 @@ class Watch:
         self.exchanged_at = step
         self.new_window()
         record, line = analyse([r.tolist() for r in rows], self.hosts, step, self.cfg.straggler_percent)
-        straggler = record["slowest_rank"] if line else None
-        if straggler == self._named:
-            line = None  # said already
-        self._named = straggler
+        if not self._namer.name(record["slowest_rank"] if line else None):
+            line = None
         return record, line, float(rows[0][4])
 
     # --- a failed collective ---------------------------------------------------------------------

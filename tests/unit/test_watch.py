@@ -3,7 +3,7 @@
 import pytest
 import torch.distributed as dist
 
-from app.train.watch import analyse, collective_failed, ranks_text
+from app.train.watch import StragglerNamer, analyse, collective_failed, ranks_text
 
 HOSTS = ["head", "head", "w1", "w1"]
 
@@ -47,3 +47,13 @@ def test_lost_peers_and_timeouts_are_collective_failures_but_bugs_are_not():
     assert collective_failed(dist.DistBackendError("NCCL communicator was aborted"))
     assert not collective_failed(RuntimeError("mat1 and mat2 shapes cannot be multiplied (64x10 and 784x256)"))
     assert not collective_failed(ValueError("Timed out"))
+
+
+def test_a_straggler_is_named_once_it_is_the_slowest_twice_in_a_row():
+    namer = StragglerNamer()
+    # Noise: the slowest rank changes at every exchange, so none is named.
+    assert [namer.name(r) for r in (2, 0, 2, None, 1, 3)] == [False] * 6
+    # Rank 3 stays the slowest: named at its second exchange, then not again while it stays.
+    assert [namer.name(r) for r in (3, 3, 3)] == [True, False, False]
+    # Another rank takes its place for good: named; after a window with none over, rank 3 again.
+    assert [namer.name(r) for r in (1, 1, None, 3, 3)] == [False, True, False, False, True]
