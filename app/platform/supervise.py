@@ -359,14 +359,20 @@ def _follow_others(run: Run, stop: threading.Event, since: float) -> None:
 
     ``compose logs --follow`` ends when the containers it follows stop; it is started again
     (from the last line seen) as long as the job runs, so a restarted node is followed too.
+    ``--since`` includes its own time: the lines read again are skipped, or a stopped node's last
+    line (its error, say) would be taken again every second until the node is back.
     """
     after = f"{since:.3f}"  # this run's lines only, as for the main node
+    seen: set[str] = set()  # the lines taken, each with its node and its time
     while not stop.is_set():
         args = run.compose("logs", "--follow", "--no-color", "--timestamps", "--since", after, *_other_services(run))
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         try:
             assert proc.stdout is not None
             for raw in proc.stdout:
+                if raw in seen:
+                    continue
+                seen.add(raw)
                 service, _, rest = raw.rstrip("\n").partition(" | ")
                 stamp, _, line = rest.partition(" ")
                 after = stamp or after
