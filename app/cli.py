@@ -17,16 +17,19 @@ from app.errors import ClusterError, UsageError, first_line
 # name -> (module, one-line summary). Modules load only when their command runs, so commands that
 # need no torch (topology, deploy) start fast on machines without it.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "check": ("app.platform.check", "cluster health check: every collective, verified values, a table or JSON"),
-    "comm": ("app.platform.comm", "collective bandwidth sweep (nccl-tests columns): time, algbw, busbw, #wrong"),
-    "links": ("app.platform.links", "bandwidth and latency between every pair of nodes; names a slow node or link"),
-    "topology": ("app.platform.topology", "render hostfile, env file and launcher arguments for a set of hosts"),
+    "check": ("app.diagnostics.check", "cluster health check: every collective, verified values, a table or JSON"),
+    "comm": ("app.diagnostics.comm", "collective bandwidth sweep (nccl-tests columns): time, algbw, busbw, #wrong"),
+    "links": ("app.diagnostics.links", "bandwidth and latency between every pair of nodes; names a slow node or link"),
+    "topology": ("app.topology.command", "render hostfile, env file and launcher arguments for a set of hosts"),
     "train": ("app.train", "train a model with DDP: digits/MNIST/CIFAR-10, checkpoints, --resume auto"),
     "bench": ("app.train.bench", "samples/s of app train vs a plain tutorial DDP loop, and the ratio"),
-    "scale": ("app.train.scale", "scaling report: step time at 1, 2, 4... ranks, the fitted law, comm hooks"),
-    "cluster": ("app.platform.supervise", "run a job on the compose mini-cluster and keep it alive; logs; down"),
-    "deploy": ("app.platform.deploy", "provision nodes and run the job across them with Ansible (ansible/deploy.yml)"),
-    "doctor": ("app.platform.doctor", "rendezvous doctor: MASTER_ADDR, port, interface, host names, world of one"),
+    "scale": ("app.train.scale.command", "scaling report: step time at 1, 2, 4... ranks, the fitted law, comm hooks"),
+    "cluster": ("app.orchestrate.runner", "run a job on the compose mini-cluster and keep it alive; logs; down"),
+    "deploy": (
+        "app.orchestrate.deploy",
+        "provision nodes and run the job across them with Ansible (ansible/deploy.yml)",
+    ),
+    "doctor": ("app.diagnostics.doctor", "rendezvous doctor: MASTER_ADDR, port, interface, host names, world of one"),
 }
 
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TextIO
 
-from app.platform import launcher
+from app.runtime import launcher
 
 DEFAULT_LOG_DIR = Path("logs")
 """Where logs go for commands without an output folder (relative to the working directory)."""

@@ -37,7 +37,7 @@ from torch.utils.data.distributed import DistributedSampler
 from app import flags, progress
 from app.atomic import atomic_write_text
 from app.errors import UsageError
-from app.platform.distributed import (
+from app.runtime.distributed import (
     DistContext,
     add_dist_arguments,
     dist_config_from_args,
@@ -45,8 +45,8 @@ from app.platform.distributed import (
     process_group,
     this_process,
 )
-from app.platform.standalone import relaunch
-from app.train import collective, data, models
+from app.runtime.relaunch import relaunch
+from app.train import data, models, sync
 from app.train.config import DataConfig, ModelConfig, OutputConfig, SpeedConfig, StepsConfig, TrainConfig
 from app.train.report import Reporter
 from app.train.trainer import Trainer
@@ -164,8 +164,8 @@ def _trainer_epoch(trainer: Trainer | None) -> Callable[[int], tuple[int, float]
 def _rate(timed_epoch: Callable[[int], tuple[int, float]], epoch: int, ctx: DistContext) -> float:
     """Global samples/s of one epoch (samples summed over ranks, time of the slowest rank)."""
     samples, seconds = timed_epoch(epoch)
-    (total,) = collective.all_sum([samples], ctx.device)
-    (slowest,) = collective.all_reduce([seconds], ctx.device, "max")
+    (total,) = sync.all_sum([samples], ctx.device)
+    (slowest,) = sync.all_reduce([seconds], ctx.device, "max")
     return total / slowest
 
 

@@ -6,9 +6,9 @@ from collections.abc import Callable
 import torch.distributed as dist
 
 from app import flags, progress
+from app.diagnostics import doctor
 from app.errors import ClusterError, first_line
-from app.platform import doctor
-from app.platform.distributed import (
+from app.runtime.distributed import (
     DistConfig,
     DistContext,
     add_dist_arguments,
@@ -17,9 +17,9 @@ from app.platform.distributed import (
     this_process,
 )
 from app.train import checkpoint, data, models, watch
-from app.train.collective import main_decides
 from app.train.config import SECTIONS, TrainConfig
 from app.train.report import Reporter
+from app.train.sync import main_decides
 from app.train.trainer import Trainer
 
 

@@ -1,6 +1,6 @@
 """The training loop: DDP, accumulation with no_sync, mixed precision, evaluation, checkpoints.
 
-    trainer = Trainer(cfg, ctx, data, reporter)   # inside app.platform.distributed.process_group (or a group of
+    trainer = Trainer(cfg, ctx, data, reporter)   # inside app.runtime.distributed.process_group (or a group of
                                                     # its first ranks: first_ranks; ctx.group then)
     trainer.restore(state, source)                  # optional, from checkpoint.load
     trainer.note_previous_attempt(reached)          # optional: the step an earlier attempt reached (app.progress)
@@ -37,8 +37,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from app import progress
 from app.errors import UsageError, first_line
-from app.platform.distributed import DistContext
-from app.train import checkpoint, collective, comm_hooks, models, watch
+from app.runtime.distributed import DistContext
+from app.train import checkpoint, comm_hooks, models, sync, watch
 from app.train import precision as amp
 from app.train.config import TrainConfig
 from app.train.data import Dataset
@@ -202,7 +202,7 @@ class Trainer:
         if self.precision.scaler and state.get("scaler"):
             self.precision.scaler.load_state_dict(state["scaler"])
         rng = state["rng"]
-        collective.set_rng_state(rng[self.rank] if len(rng) == self.world else rng[0], self.ctx.device)
+        sync.set_rng_state(rng[self.rank] if len(rng) == self.world else rng[0], self.ctx.device)
         restored = comm_hooks.restore(self.comm, state.get("comm_hook", []), self.rank, self.world)
         if restored:
             self.reporter.event("comm_hook", hook=self.comm.name, state=restored)
@@ -254,8 +254,8 @@ class Trainer:
         start = time.perf_counter()
         self.watch.doing = (watch.CHECKPOINT, self.pos.step)
         group = self.ctx.group
-        rng = collective.gather_rng(self.ctx.device, group)
-        comm = collective.gather(comm_hooks.state_of(self.comm), group) if comm_hooks.has_state(self.comm) else []
+        rng = sync.gather_rng(self.ctx.device, group)
+        comm = sync.gather(comm_hooks.state_of(self.comm), group) if comm_hooks.has_state(self.comm) else []
         if self.ctx.proc.is_main:
             out = self.cfg.output
             path = checkpoint.save(out.out, self._state(rng, comm), self.pos.step, out.keep_checkpoints)
@@ -359,7 +359,7 @@ class Trainer:
             correct += (logits.argmax(dim=1) == y).sum().item()
             count += y.shape[0]
         self.model.train()
-        loss_sum, correct, count = collective.all_sum([loss_sum, correct, count], self.ctx.device, self.ctx.group)
+        loss_sum, correct, count = sync.all_sum([loss_sum, correct, count], self.ctx.device, self.ctx.group)
         return {
             "test_loss": loss_sum / max(count, 1),
             "test_accuracy": correct / max(count, 1),
@@ -368,7 +368,7 @@ class Trainer:
         }
 
     def _epoch_record(self, epoch: int, stats: EpochStats) -> dict:
-        loss_sum, samples, steps, seconds = collective.all_sum(
+        loss_sum, samples, steps, seconds = sync.all_sum(
             [stats.loss_sum, stats.samples, stats.steps, stats.seconds], self.ctx.device, self.ctx.group
         )
         seconds /= self.world
@@ -413,7 +413,7 @@ class Trainer:
         return self._summary(record or self.evaluate(), totals)
 
     def _summary(self, last: dict, totals: dict) -> dict:
-        spread = collective.param_spread(self.model, self.ctx.group)
+        spread = sync.param_spread(self.model, self.ctx.group)
         out = self.cfg.output.out
         return {
             **self.describe(),

@@ -40,8 +40,8 @@ import torch.distributed as dist
 from torch import nn
 
 from app.errors import first_line
-from app.platform.distributed import DistContext
-from app.train import collective
+from app.runtime.distributed import DistContext
+from app.train import sync
 from app.train.config import HealthConfig
 
 REPORT_GRACE_S = 3.0
@@ -148,7 +148,7 @@ class Watch:
     def __init__(self, cfg: HealthConfig, ctx: DistContext, model: nn.Module) -> None:
         self.cfg, self.ctx = cfg, ctx
         self.rank, self.world = ctx.proc.rank, ctx.proc.world_size
-        self.hosts: list[str] = collective.gather(ctx.proc.host, ctx.group)
+        self.hosts: list[str] = sync.gather(ctx.proc.host, ctx.group)
         """Every rank's host, in rank order (gathered once, when the trainer starts)."""
         self.window = Window(time.perf_counter())
         self.doing: tuple[str, int] = ("start", 0)

@@ -32,8 +32,9 @@ sys.path.insert(0, str(REPO))
 
 from app import cli  # noqa: E402  (the repository's app, without installing it)
 from app.errors import ClusterError, UsageError, exit_status_of  # noqa: E402
-from app.platform import slurm, slurmcluster, topology  # noqa: E402
-from app.platform.spec import ClusterSpec  # noqa: E402
+from app.topology import command as topology  # noqa: E402
+from app.topology import slurm, slurmcluster  # noqa: E402
+from app.topology.spec import ClusterSpec  # noqa: E402
 
 COMPOSE_FILE = REPO / "cluster" / "slurm" / "compose.yaml"
 JOB_DIR = "/results/slurm"

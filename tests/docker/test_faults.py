@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 FAULT_STEP = 25
 HOOKS = ["--fault-at-step", str(FAULT_STEP), "--fault-rank", "3", "--slow-ms", "500"]
 STOP_GRACE_S = 10
-"""app/platform/supervise.py's: the other containers stop within it once the head is gone."""
+"""app/orchestrate/runner.py's: the other containers stop within it once the head is gone."""
 RESUMED = re.compile(
     r"; resumed from step (?P<step>\d+) \(checkpoint /results/f/checkpoints/step-\d{8}\.pt\), "
     r"(?P<lost>\d+) steps? lost \(the failed attempt reached step (?P<reached>\d+)\)$"

@@ -53,7 +53,9 @@ def test_cuda_standin_builds_and_passes_cpu_smoke(cuda_image):
     config = inspect(cuda_image)
     assert config["Labels"]["org.ddp-cluster.cuda-standin"] == "1"
     assert "NVIDIA_VISIBLE_DEVICES=all" in config["Env"]
-    imports = "import torch, numpy, sklearn, app.platform.check, app.train, torch.utils.tensorboard, matplotlib, tqdm"
+    imports = (
+        "import torch, numpy, sklearn, app.diagnostics.check, app.train, torch.utils.tensorboard, matplotlib, tqdm"
+    )
     in_image(cuda_image, "python", "-c", imports)
     report = json.loads(in_image(cuda_image, "python", "-m", "app", "check", "--backend", "gloo", "--json", "-"))
     assert report["ok"] and report["backend"] == "gloo"
@@ -112,7 +114,7 @@ print("installed:", [name for name in left_out if importlib.util.find_spec(name)
 """
 # Modules the workload imports; with their bytecode built in, none is compiled from source.
 WORKLOAD_IMPORTS = (
-    "import app.platform.check, app.train.main, app.train.data, sklearn.datasets, sklearn.model_selection, "
+    "import app.diagnostics.check, app.train.main, app.train.data, sklearn.datasets, sklearn.model_selection, "
     "torch.distributed.run, torch.nn.parallel, torch.utils.tensorboard, matplotlib.pyplot, tqdm"
 )
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import pytest
 import yaml
 
-from app.platform.spec import quantity
+from app.topology.spec import quantity
 
 from .conftest import explain, run
 

@@ -3,7 +3,7 @@
     python -m tests.integration.measure_worker [--corrupt-rank R] [--ranks-per-host N]
         [--slow-sender R --delay S] <app command and flags>
 
---corrupt-rank R: rank R's fill function (app.platform.collectives.rank_data) returns one wrong element,
+--corrupt-rank R: rank R's fill function (app.diagnostics.collectives.rank_data) returns one wrong element,
     so the sweep must count it (#wrong > 0) and fail.
 --ranks-per-host N: every N consecutive ranks pose as one host (node0, node1, ...), so ``app
     links`` sees several nodes on one machine.
@@ -17,7 +17,8 @@ import sys
 import time
 
 from app import cli
-from app.platform import collectives, launcher, links
+from app.diagnostics import collectives, links
+from app.runtime import launcher
 
 
 def _corrupt(rank: int) -> None:

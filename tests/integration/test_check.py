@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from app.platform.check import VALUE_OPERATIONS
+from app.diagnostics.check import VALUE_OPERATIONS
 from tests.integration.launchers import (
     PYTHON,
     _clean_env,

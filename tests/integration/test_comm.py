@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from app.platform.collectives import OPS
+from app.diagnostics.collectives import OPS
 from tests.integration.launchers import run_mpirun, run_single, run_torchrun
 from tests.integration.train_runs import run_ranks
 

@@ -11,9 +11,9 @@ pytestmark = pytest.mark.integration
 # Rank 0 leaves at once; rank 1 works for SECONDS inside the group before it leaves.
 RANK = """
 import sys, time
-from app.platform.distributed import DistConfig, process_group
+from app.runtime.distributed import DistConfig, process_group
 from app.errors import ClusterError
-from app.platform.launcher import detect
+from app.runtime.launcher import detect
 rank, seconds, timeout = int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 try:
     with process_group(detect(need_master=False), DistConfig(timeout_s=timeout, init_method=sys.argv[1])):

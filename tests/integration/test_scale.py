@@ -8,7 +8,7 @@ import struct
 import jsonschema
 import pytest
 
-from app.train.scale_report import SCHEMA
+from app.train.scale.report import SCHEMA
 from tests.integration.launchers import one_error_line, run_single, run_slurm_style
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from app.platform.distributed import dist_config_from_args
+from app.runtime.distributed import dist_config_from_args
 from app.train.main import add_arguments, config_from_args, train
 from app.train.trainer import Trainer
 

@@ -16,7 +16,7 @@ from tests.slurm.conftest import ROOT, SlurmCluster, docker, explain, make
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 STYLES = [("torchrun", "torchrun"), ("srun", "slurm")]
-"""Each batch style and the launcher that app/platform/launcher.py then finds in every rank."""
+"""Each batch style and the launcher that app/runtime/launcher.py then finds in every rank."""
 TRAIN = "train --dataset digits --epochs 3 --out /results/train-{style}"
 
 

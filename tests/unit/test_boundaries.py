@@ -1,8 +1,9 @@
-"""Two rules over every module of app/, read from the sources: only app/platform/launcher.py reads
+"""Two rules over every module of app/, read from the sources: only app/runtime/launcher.py reads
 the environment, and the workload (app/train) never imports the launcher module (it gets the
 process's ProcessInfo from the process group, ``ctx.proc``)."""
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 import app
 
 APP = Path(app.__file__).parent
-LAUNCHER = "app.platform.launcher"
+LAUNCHER = "app.runtime.launcher"
 ENVIRONMENT = {"environ", "environb", "getenv", "getenvb"}
 
 
@@ -45,7 +46,7 @@ def env_reads(source: str) -> list[str]:
 
 
 def launcher_imports(source: str, package: str) -> list[str]:
-    """Where ``source`` (a module of ``package``) imports app.platform.launcher or something from it."""
+    """Where ``source`` (a module of ``package``) imports app.runtime.launcher or something from it."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -69,12 +70,12 @@ def test_only_the_launcher_reads_the_environment() -> None:
         for path in sorted(APP.rglob("*.py"))
         if _module(path) != LAUNCHER and (reads := env_reads(path.read_text()))
     }
-    assert offenders == {}, "read the value in app/platform/launcher.py (ProcessInfo) and pass it on"
+    assert offenders == {}, "read the value in app/runtime/launcher.py (ProcessInfo) and pass it on"
 
 
 def test_the_launcher_reads_it_and_the_check_sees_that() -> None:
     # Positive control on real code: the one module allowed to read the environment does so.
-    assert env_reads((APP / "platform" / "launcher.py").read_text())
+    assert env_reads((APP / "runtime" / "launcher.py").read_text())
 
 
 def test_the_workload_never_imports_the_launcher() -> None:
@@ -83,7 +84,7 @@ def test_the_workload_never_imports_the_launcher() -> None:
     offenders = {
         _module(path): found for path in train if (found := launcher_imports(path.read_text(), _package(path)))
     }
-    assert offenders == {}, "use ctx.proc (app.platform.distributed.DistContext) instead"
+    assert offenders == {}, "use ctx.proc (app.runtime.distributed.DistContext) instead"
 
 
 @pytest.mark.parametrize(
@@ -112,13 +113,13 @@ def test_other_code_is_not_an_environment_read(source: str) -> None:
 @pytest.mark.parametrize(
     "source",
     [
-        "from app.platform import launcher",
-        "from app.platform.launcher import ProcessInfo",
-        "import app.platform.launcher",
-        "import app.platform.launcher as where",
-        "from ..platform import launcher",
-        "from ..platform.launcher import detect",
-        "def f():\n    from app.platform import distributed, launcher",
+        "from app.runtime import launcher",
+        "from app.runtime.launcher import ProcessInfo",
+        "import app.runtime.launcher",
+        "import app.runtime.launcher as where",
+        "from ..runtime import launcher",
+        "from ..runtime.launcher import detect",
+        "def f():\n    from app.runtime import distributed, launcher",
     ],
 )
 def test_a_launcher_import_is_caught(source: str) -> None:
@@ -128,10 +129,57 @@ def test_a_launcher_import_is_caught(source: str) -> None:
 @pytest.mark.parametrize(
     "source",
     [
-        "from app.platform.distributed import process_group",
-        "from app.platform import distributed",
+        "from app.runtime.distributed import process_group",
+        "from app.runtime import distributed",
         "from . import data",
     ],
 )
 def test_other_imports_are_not_launcher_imports(source: str) -> None:
     assert launcher_imports(source, "app.train") == []
+
+
+FLOORS = ("runtime", "topology", "diagnostics", "train", "orchestrate")
+"""app's packages from the lowest floor up: a module imports only from its own floor or those below
+(the modules directly in app/, errors, logs, flags and the like, serve every floor)."""
+
+
+def app_imports(source: str) -> list[tuple[int, str]]:
+    """(line, module) for each absolute import of an app module in ``source``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.startswith("app.")]
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("app."):
+            found.append((node.lineno, node.module))
+    return found
+
+
+def upward_imports(path: Path) -> list[str]:
+    """The imports of a module of app/<floor>/ that reach a higher floor."""
+    parts = path.relative_to(APP).parts
+    if len(parts) < 2 or parts[0] not in FLOORS:
+        return []
+    own = FLOORS.index(parts[0])
+    return [
+        f"line {line}: {module}"
+        for line, module in app_imports(path.read_text())
+        if (floor := module.split(".")[1]) in FLOORS and FLOORS.index(floor) > own
+    ]
+
+
+def test_every_package_of_app_is_a_floor() -> None:
+    packages = {path.parent.relative_to(APP).parts[0] for path in APP.glob("*/__init__.py")}
+    assert packages == set(FLOORS)
+
+
+def test_no_module_imports_from_a_higher_floor() -> None:
+    offenders = {_module(path): found for path in sorted(APP.rglob("*.py")) if (found := upward_imports(path))}
+    assert offenders == {}
+
+
+def test_an_upward_import_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = tmp_path / "runtime" / "x.py"
+    module.parent.mkdir()
+    module.write_text("from app.train import trainer\nfrom app.errors import UsageError\nimport app.topology.spec\n")
+    monkeypatch.setattr(sys.modules[__name__], "APP", tmp_path)
+    assert upward_imports(module) == ["line 1: app.train", "line 3: app.topology.spec"]

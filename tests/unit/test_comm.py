@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from app.platform import collectives as c
-from app.platform.comm import CommConfig, failures, format_row, sweep_sizes
+from app.diagnostics import collectives as c
+from app.diagnostics.comm import CommConfig, failures, format_row, sweep_sizes
 from tests.unit.cli_errors import usage_error
 
 # nccl-tests doc/PERFORMANCE.md, written out independently of the product's table.

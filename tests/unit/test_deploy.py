@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.errors import UsageError
-from app.platform.deploy import ANSIBLE_DIR, DeployConfig, first_failure, parse_extravar
+from app.orchestrate.deploy import ANSIBLE_DIR, DeployConfig, first_failure, parse_extravar
 
 
 def test_extra_vars_accept_key_value_json_values_and_json_objects() -> None:
@@ -69,5 +69,5 @@ def test_first_failure_digs_into_loop_items_and_command_errors() -> None:
 
 
 def test_deploy_imports_no_torch() -> None:
-    code = "import sys, app.platform.deploy; sys.exit('torch' in sys.modules)"
+    code = "import sys, app.orchestrate.deploy; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

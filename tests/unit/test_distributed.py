@@ -3,7 +3,7 @@
 import pytest
 
 from app.errors import UsageError
-from app.platform.distributed import DistConfig, resolve_backend
+from app.runtime.distributed import DistConfig, resolve_backend
 
 
 @pytest.mark.parametrize(

@@ -5,10 +5,11 @@ import time
 
 import pytest
 
+from app.diagnostics import doctor
 from app.errors import ClusterError, UsageError
-from app.platform import doctor, network
-from app.platform.distributed import DistConfig
-from app.platform.launcher import detect
+from app.runtime import network
+from app.runtime.distributed import DistConfig
+from app.runtime.launcher import detect
 
 TWO_NODES = {"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1"}
 """Rank 2 of 2 nodes x 2 ranks: this node does not hold rank 0."""
@@ -135,7 +136,7 @@ def test_with_several_nodes_the_interface_that_routes_to_the_master_is_chosen() 
 
 def test_preflight_exports_the_chosen_interface(monkeypatch) -> None:
     exported = []
-    monkeypatch.setattr("app.platform.launcher.export_socket_ifname", exported.append)
+    monkeypatch.setattr("app.runtime.launcher.export_socket_ifname", exported.append)
     proc = detect(TWO_NODES, need_master=False)
     net = doctor.Network(
         resolve=lambda host, timeout: ["10.0.0.2"], interfaces=lambda: FAKE_HOST, default_route_interface=lambda: "eth0"

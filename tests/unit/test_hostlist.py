@@ -3,7 +3,7 @@
 import pytest
 
 from app.errors import UsageError
-from app.platform.hostlist import expand
+from app.runtime.hostlist import expand
 
 
 @pytest.mark.parametrize(

@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from app.errors import UsageError
-from app.platform import kube
-from app.platform.spec import build
+from app.topology import kube
+from app.topology.spec import build
 from tests.unit import kube_checks
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,7 +3,7 @@
 import pytest
 
 from app.errors import UsageError
-from app.platform.launcher import Launcher, ProcessInfo, detect, identity
+from app.runtime.launcher import Launcher, ProcessInfo, detect, identity
 
 
 def test_no_launcher_is_a_single_process() -> None:

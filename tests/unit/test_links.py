@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from app.platform.links import below, directed, judge, leaders, round_robin
+from app.diagnostics.links import below, directed, judge, leaders, round_robin
 from tests.unit.cli_errors import usage_error
 
 

@@ -10,10 +10,10 @@ import pytest
 from app.cli import build_parser
 from app.errors import UsageError
 from app.flags import from_args, option
-from app.train import scale_report
 from app.train.config import COMM_HOOKS, SpeedConfig, TrainConfig
-from app.train.scale import ScaleConfig, default_sizes, parse_buckets, parse_sizes, variants
-from app.train.scaling import AllReduceSample, Link
+from app.train.scale import report as scale_report
+from app.train.scale.command import ScaleConfig, default_sizes, parse_buckets, parse_sizes, variants
+from app.train.scale.law import AllReduceSample, Link
 
 S = 814_120
 LINK = Link(busbw=2.5e8, latency=3e-4)

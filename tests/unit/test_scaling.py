@@ -1,10 +1,10 @@
-"""The scaling law's fit (app/train/scaling.py) recovers what made synthetic timings, noise and all."""
+"""The scaling law's fit (app/train/scale/law.py) recovers what made synthetic timings, noise and all."""
 
 import random
 
 import pytest
 
-from app.train.scaling import AllReduceSample, Link, StepSample, fit_link, fit_scaling, ring_factor
+from app.train.scale.law import AllReduceSample, Link, StepSample, fit_link, fit_scaling, ring_factor
 
 S = 814_120  # the seed MLP's gradient bytes
 T1 = 5.7e-3

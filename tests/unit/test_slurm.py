@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from app import cli
-from app.platform import slurm, slurmcluster, spec
+from app.topology import slurm, slurmcluster, spec
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 GOLDEN = {

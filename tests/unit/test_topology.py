@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from app.errors import UsageError
-from app.platform import render
-from app.platform.spec import ClusterSpec, Host, Job, Nodes, Rendezvous, build, parse_hostfile, parse_hosts
+from app.topology import render
+from app.topology.spec import ClusterSpec, Host, Job, Nodes, Rendezvous, build, parse_hostfile, parse_hosts
 
 TWO_BY_TWO = build({"nodes": {"hosts": "node0:2,node1:2"}, "rendezvous": {"master_port": 29400, "ifname": "eth0"}})
 HOSTS = TWO_BY_TWO.nodes.hosts

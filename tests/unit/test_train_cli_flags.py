@@ -13,7 +13,7 @@ from app.train.config import SECTIONS, SpeedConfig, TrainConfig
 from app.train.main import config_from_args
 
 PROCESS_GROUP = {"backend", "timeout", "ifname", "init_method"}
-"""app.platform.distributed's flags, shared with app check."""
+"""app.runtime.distributed's flags, shared with app check."""
 EVERY_COMMAND = {"log_dir", "verbose"}
 """app.logs' flags, which every command has."""
 
@@ -43,7 +43,7 @@ def test_every_field_is_a_flag_with_its_default_and_docstring(command: str, sect
             assert action.default == default, f.name
             assert docstrings(section)[f.name] and action.help.startswith(docstrings(section)[f.name]), f.name
             assert _group_of(parser, action) == title, f.name
-    # Nothing else: every other flag is the process group's (app.platform.distributed).
+    # Nothing else: every other flag is the process group's (app.runtime.distributed).
     generated = {f.name for section in sections for f in fields(section)}
     assert _destinations(parser) == generated | PROCESS_GROUP | EVERY_COMMAND
 

@@ -39,9 +39,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from app.platform.collectives import synchronize
-from app.platform.distributed import DistContext
-from app.train import collective
+from app.diagnostics.collectives import synchronize
+from app.runtime.distributed import DistContext
+from app.train import sync
 from app.train.comm_hooks import Hook
 from app.train.trainer import Trainer
 
@@ -154,7 +154,7 @@ class StepClock:
     def result(self) -> StepTimes:
         """The slowest rank's figures (a collective on the trainer's group)."""
         mine = [*self._step, statistics.median(self._compute), statistics.median(self._comm), self._buckets]
-        slowest = collective.all_reduce(mine, self.trainer.ctx.device, "max", self.trainer.ctx.group)
+        slowest = sync.all_reduce(mine, self.trainer.ctx.device, "max", self.trainer.ctx.group)
         n = len(self._step)
         per_round = slowest[:n]
         return StepTimes(
@@ -183,5 +183,5 @@ def time_allreduce(ctx: DistContext, sizes: Sequence[int], rounds: int) -> dict[
                 dist.all_reduce(tensor, group=ctx.group)
             synchronize(ctx.device)
             per_round.append((time.perf_counter() - start) / BARE_REPEATS)
-        (found[nbytes],) = collective.all_reduce([statistics.median(per_round)], ctx.device, "max", ctx.group)
+        (found[nbytes],) = sync.all_reduce([statistics.median(per_round)], ctx.device, "max", ctx.group)
     return found

@@ -24,8 +24,9 @@ runtime's seccomp profile; /tmp, the cache and /dev/shm are emptyDirs, /results 
 import json
 
 from app.errors import UsageError
-from app.platform import envvars, render
-from app.platform.spec import ClusterSpec, Host
+from app.runtime import envvars
+from app.topology import render
+from app.topology.spec import ClusterSpec, Host
 
 APP_UID = 1000
 """The image's user ``app`` (docker/Dockerfile, ARG APP_UID) and its group."""

@@ -10,8 +10,8 @@ the command every rank runs. Used by the compose cluster, Ansible and ``python -
 import shlex
 
 from app.errors import UsageError
-from app.platform import envvars
-from app.platform.spec import ClusterSpec, Host
+from app.runtime import envvars
+from app.topology.spec import ClusterSpec, Host
 
 
 def env_vars(spec: ClusterSpec, hosts: tuple[Host, ...]) -> dict[str, str]:

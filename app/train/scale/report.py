@@ -10,10 +10,10 @@ import json
 import statistics
 from pathlib import Path
 
+from app import plots
 from app.errors import UsageError
-from app.platform import plots
 from app.train.config import SpeedConfig
-from app.train.scaling import AllReduceSample, Link, ScalingFit, StepSample, fit_link, fit_scaling, ring_factor
+from app.train.scale.law import AllReduceSample, Link, ScalingFit, StepSample, fit_link, fit_scaling, ring_factor
 
 FORMAT = 1
 THRESHOLD = 0.5

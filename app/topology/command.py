@@ -29,8 +29,8 @@ from typing import Any
 from app import flags
 from app.atomic import atomic_write_text
 from app.errors import UsageError
-from app.platform import compose, kube, render, slurm, slurmcluster, spec, sshkeys
-from app.platform.spec import ClusterSpec, Host
+from app.topology import compose, kube, render, slurm, slurmcluster, spec, sshkeys
+from app.topology.spec import ClusterSpec, Host
 
 DEFAULT_SCRIPT_DIR = Path(__file__).resolve().parents[2] / "cluster" / "jobs"
 """The compose cluster's /job mount when no --script is given (the repository's example jobs)."""

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from app.errors import UsageError
-from app.platform import envvars, hostlist
-from app.platform.envvars import RankVariables
+from app.runtime import envvars, hostlist
+from app.runtime.envvars import RankVariables
 
 
 class Launcher(StrEnum):

@@ -43,8 +43,9 @@ from pathlib import Path
 from app import progress
 from app.atomic import atomic_write_text
 from app.errors import ClusterError, UsageError
-from app.platform import compose, topology
-from app.platform.spec import ClusterSpec
+from app.topology import command as topology
+from app.topology import compose
+from app.topology.spec import ClusterSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 """The checkout that holds compose.yaml (the cluster command runs from the repository)."""

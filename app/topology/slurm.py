@@ -14,7 +14,7 @@ Two styles, chosen by the spec's ``job.launcher``:
   rank once (``max_restarts`` does not apply; ``--requeue`` restarts the whole job).
 - ``srun``: one Slurm task per rank (``srun --mpi=pmi2``, the spec's ``slurm.mpi``); every process
   describes itself from SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID and SLURM_JOB_NODELIST
-  (app/platform/launcher.py), the first node serving the rendezvous.
+  (app/runtime/launcher.py), the first node serving the rendezvous.
 
 The rendezvous port is the spec's ``master_port`` when it is not the default; at the default it is
 20000 + job id % 10000 (``envvars``' rule, which the launcher applies under srun), so jobs that
@@ -29,8 +29,9 @@ from collections.abc import Iterable
 from pathlib import PurePosixPath
 
 from app.errors import UsageError
-from app.platform import envvars, render
-from app.platform.spec import ClusterSpec
+from app.runtime import envvars
+from app.topology import render
+from app.topology.spec import ClusterSpec
 
 STYLES = ("torchrun", "srun")
 """The launchers that have a batch style (job.launcher)."""

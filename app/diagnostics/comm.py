@@ -72,11 +72,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from app import plots
 from app.atomic import atomic_write_text
+from app.diagnostics import collectives
+from app.diagnostics.collectives import COLLECTIVES, DTYPES, OPS, bandwidths, format_size, parse_size, synchronize
 from app.errors import ClusterError, UsageError, first_line
-from app.platform import collectives, launcher, plots
-from app.platform.collectives import COLLECTIVES, DTYPES, OPS, bandwidths, format_size, parse_size, synchronize
-from app.platform.distributed import DistContext, add_dist_arguments, dist_config_from_args, process_group
+from app.runtime import launcher
+from app.runtime.distributed import DistContext, add_dist_arguments, dist_config_from_args, process_group
 
 SCHEMA = "ddp-cluster/comm/1"
 MIB = 1 << 20

@@ -1,6 +1,6 @@
 """PNG pictures of measurements: curves over a log axis and heatmaps (matplotlib, headless).
 
-    from app.platform import plots
+    from app import plots
     plots.curves("comm.png", {"all_reduce": [(8, 0.01), (1024, 0.9)]}, xlabel="message size (bytes)",
                  ylabel="bus bandwidth (GB/s)", title="app comm", logx=True)
     plots.heatmap("links.png", [[None, 1.2], [1.1, None]], ["a", "b"], unit="GB/s", title="app links")

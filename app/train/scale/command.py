@@ -19,7 +19,7 @@ the compose mini-cluster (make cluster-scale) the nodes are containers on one ma
 node measures loopback, N across nodes the bridge network between containers, and every rank
 shares the host's cores.
 
-What is measured (app/train/timing.py): per optimizer step, the step, its compute (the same steps
+What is measured (app/train/scale/timing.py): per optimizer step, the step, its compute (the same steps
 under DDP's no_sync), its gradient all-reduce (a comm hook that times each bucket from call to
 completion) and the exposed communication (step - compute); and a bare all_reduce of S/64, S/8
 and S bytes (S: the gradient bytes) on each N, from which busbw and latency are fitted. Every
@@ -30,14 +30,14 @@ rank's; speed-up is the median of each round's ratio. Each N runs alone, so on a
 fewer cores than ranks the compute per step grows with N: the report says so. --sweep keeps one
 model per variant and N in memory.
 
-The law (app/train/scaling.py): T_N = T_1 / N + T_comm(N) for a job of fixed size; per step
+The law (app/train/scale/law.py): T_N = T_1 / N + T_comm(N) for a job of fixed size; per step
 t_N = t_1 + k * (2 (N - 1) / N * S / busbw + latency), with t_1 and k (the share of a plain fp32
 all-reduce that a step waits for) fitted to the step times by least squares. Printed per N:
 measured and predicted step time, speed-up (samples/s over one rank's: N t_1 / t_N) and
 efficiency (speed-up / N), and the largest N whose predicted efficiency stays >= 50%.
 
 --json PATH (rank 0) writes the report. Its keys are stable (``"format": 1``) and described one by
-one in a JSON Schema (app/train/scale_report.py, ``--print-schema`` prints it): a CI job can
+one in a JSON Schema (app/train/scale/report.py, ``--print-schema`` prints it): a CI job can
 compare runs by them. --plot PATH.png (rank 0, matplotlib) draws the measured points, the fitted
 curves and perfect scaling.
 """
@@ -51,12 +51,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from app import flags
+from app import flags, plots
 from app.atomic import atomic_write_text
 from app.errors import UsageError
 from app.flags import flag
-from app.platform import plots
-from app.platform.distributed import (
+from app.runtime.distributed import (
     DistContext,
     add_dist_arguments,
     dist_config_from_args,
@@ -64,8 +63,8 @@ from app.platform.distributed import (
     process_group,
     this_process,
 )
-from app.platform.standalone import relaunch
-from app.train import models, scale_report, timing
+from app.runtime.relaunch import relaunch
+from app.train import models
 from app.train.config import (
     COMM_HOOKS,
     DataConfig,
@@ -78,7 +77,9 @@ from app.train.config import (
 )
 from app.train.main import prepare_data
 from app.train.report import Reporter
-from app.train.scaling import AllReduceSample
+from app.train.scale import report as scale_report
+from app.train.scale import timing
+from app.train.scale.law import AllReduceSample
 from app.train.trainer import Trainer
 
 DATASETS = ("synthetic", "digits")

@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 
 from app.errors import ClusterError, UsageError, first_line
-from app.platform import launcher
-from app.platform.launcher import ProcessInfo
+from app.runtime import launcher
+from app.runtime.launcher import ProcessInfo
 
 BACKENDS = ("auto", "gloo", "nccl")
 

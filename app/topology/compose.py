@@ -16,8 +16,8 @@ import stat
 from pathlib import Path
 
 from app.errors import UsageError
-from app.platform import render
-from app.platform.spec import ClusterSpec, Host
+from app.topology import render
+from app.topology.spec import ClusterSpec, Host
 
 MAX_NODES = 16
 """The mini-cluster runs on one machine: each node is a container."""

@@ -24,9 +24,10 @@ import torch
 import torch.distributed as dist
 
 from app.atomic import atomic_write_text
+from app.diagnostics import doctor
 from app.errors import ClusterError, UsageError, first_line
-from app.platform import doctor, launcher
-from app.platform.distributed import DistContext, add_dist_arguments, dist_config_from_args, process_group
+from app.runtime import launcher
+from app.runtime.distributed import DistContext, add_dist_arguments, dist_config_from_args, process_group
 
 FAULT_OFFSET = 1000.0
 """Added by --inject-fault to the value a rank sends, so the check must catch it."""

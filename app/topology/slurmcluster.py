@@ -14,8 +14,8 @@ import hashlib
 import json
 
 from app.errors import UsageError
-from app.platform import compose
-from app.platform.spec import ClusterSpec
+from app.topology import compose
+from app.topology.spec import ClusterSpec
 
 CONTROLLER = "slurmctld"
 """Host name of the controller container (slurm.conf's SlurmctldHost)."""

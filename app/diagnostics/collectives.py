@@ -1,13 +1,13 @@
 """What each collective of ``app comm`` is: its buffers, its exact expected values, its bandwidth.
 
-    from app.platform import collectives as c
+    from app.diagnostics import collectives as c
     bufs = c.make_buffers("all_gather", count, rank, world, torch.float32, device, modulus, fill=True)
     bufs.step()                                   # one all_gather over count elements (nccl-tests' S)
     wrong, senders = c.verify("all_gather", bufs, count, rank, world, modulus)
     algbw, busbw = c.bandwidths("all_gather", nbytes, seconds, world)
 
 What S (the size), busbw's factor and the fill values are is told once, in ``python -m app comm
---help`` (app/platform/comm.py's docstring); the code below follows it.
+--help`` (app/diagnostics/comm.py's docstring); the code below follows it.
 """
 
 import math

@@ -24,7 +24,7 @@ from typing import Any
 
 from app.errors import UsageError
 from app.flags import flag
-from app.platform import envvars
+from app.runtime import envvars
 
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-_]*[A-Za-z0-9])?$|^[0-9a-fA-F:]+$")
 _IFNAME = re.compile(r"^[A-Za-z0-9_.:\-^,]+$")

@@ -61,11 +61,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from app import plots
 from app.atomic import atomic_write_text
+from app.diagnostics.collectives import format_size, parse_size, synchronize
 from app.errors import ClusterError, UsageError, first_line
-from app.platform import launcher, plots
-from app.platform.collectives import format_size, parse_size, synchronize
-from app.platform.distributed import DistContext, add_dist_arguments, dist_config_from_args, process_group
+from app.runtime import launcher
+from app.runtime.distributed import DistContext, add_dist_arguments, dist_config_from_args, process_group
 
 SCHEMA = "ddp-cluster/links/1"
 MAD_SCALE = 1.4826

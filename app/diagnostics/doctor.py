@@ -48,9 +48,9 @@ import torch.distributed as dist
 
 from app.atomic import atomic_write_text
 from app.errors import ClusterError, UsageError, first_line
-from app.platform import launcher, network
-from app.platform.distributed import DistConfig, add_dist_arguments, dist_config_from_args, rendezvous_store
-from app.platform.launcher import ProcessInfo
+from app.runtime import launcher, network
+from app.runtime.distributed import DistConfig, add_dist_arguments, dist_config_from_args, rendezvous_store
+from app.runtime.launcher import ProcessInfo
 
 RESOLVE_TIMEOUT_S = 4.0
 """Longest wait for a name lookup: an unresolvable MASTER_ADDR fails in under 5 s."""

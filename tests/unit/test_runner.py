@@ -5,9 +5,9 @@ given, and ``docker stop`` is recorded."""
 
 import pytest
 
-from app.platform import supervise
-from app.platform.spec import build
-from app.platform.supervise import Filter, describe_status, root_cause, worker_failed
+from app.orchestrate import runner
+from app.orchestrate.runner import Filter, describe_status, root_cause, worker_failed
+from app.topology.spec import build
 
 TORCHRUN_FAILURE = """\
 train: mlp on digits (1437 train / 360 test), 4 rank(s) on 2 node(s)
@@ -99,10 +99,10 @@ RESUMED = "train: resumed from step 23 (checkpoint /r/f/checkpoints/step-0000002
 
 @pytest.fixture
 def run(tmp_path, monkeypatch):
-    job = supervise.Run(build({"job": {"name": "demo"}}), tmp_path / "demo.env", tmp_path / "demo.log")
+    job = runner.Run(build({"job": {"name": "demo"}}), tmp_path / "demo.env", tmp_path / "demo.log")
     monkeypatch.setattr(job, "_containers", lambda: CONTAINERS)
     job.docker_calls = []
-    monkeypatch.setattr(supervise, "_docker", lambda *args, **_: job.docker_calls.append(args))
+    monkeypatch.setattr(runner, "_docker", lambda *args, **_: job.docker_calls.append(args))
     return job
 
 
@@ -126,7 +126,7 @@ def test_one_line_per_restart_names_the_killed_rank_not_the_ranks_that_failed_af
 
 
 def test_a_container_that_stopped_is_the_cause_and_a_hang_report_names_containers(run, capsys):
-    run.failure(supervise.CONTAINER, "demo-worker-1 (ranks 2-3) stopped with signal 9 (SIGKILL)")
+    run.failure(runner.CONTAINER, "demo-worker-1 (ranks 2-3) stopped with signal 9 (SIGKILL)")
     run.observe("demo-head-1", "error: rank 0 on head: rank 3 on 3f2a1b4c5d6e stopped answering: x [exit 1; log /l]")
     run.observe("demo-head-1", RESUMED)
     assert capsys.readouterr().out.startswith(
@@ -147,7 +147,7 @@ def test_a_full_disk_is_not_restarted(run, capsys):
     run.observe("demo-head-1", "error: rank 0 on head: cannot resume in /results/f: ... (No space left on device) ...")
     assert capsys.readouterr().err.splitlines() == [line]  # at once; why it was not restarted: the final line
     assert run.gave_up.status == 1 and run.docker_calls == [("stop", "--time", "10", "demo-head-1")]
-    assert supervise._failure(run, 143, Filter()) == (
+    assert runner._failure(run, 143, Filter()) == (
         "not restarted: every attempt would run out of disk the same way; free space in the volume demo_results, "
         "then run the job again: it resumes from its last checkpoint; the job was stopped"
     )
@@ -159,7 +159,7 @@ def test_bad_input_is_not_restarted_and_a_worker_is_named_by_its_container(run, 
     assert capsys.readouterr().err.splitlines() == [
         "error: rank 1 on demo-worker-1: --dataset 'nope' is not one of digits [exit 2]"
     ]
-    assert run.gave_up == supervise.Stopped("bad input fails the same way on every attempt", 2)
+    assert run.gave_up == runner.Stopped("bad input fails the same way on every attempt", 2)
 
 
 def test_at_the_end_a_failure_without_resume_is_told_by_the_ranks_own_lines(run, capsys):

@@ -1,0 +1,2 @@
+"""Runs jobs on clusters from the host: the compose mini-cluster's runner (``app cluster``) and
+Ansible deployment (``app deploy``)."""
