@@ -76,7 +76,8 @@ def _doc(_req: Request) -> str:
         helps = flags.docstrings(cls)
         for f in fields(cls):
             used = ", ".join(f.metadata.get("engines", ()))
-            default = flags.shown(f) if flags.default_of(f) not in (None, "") else "(none)"
+            shown = f.metadata.get(flags.FLAG, {}).get("show") or flags.default_of(f) not in (None, "")
+            default = flags.shown(f) if shown else "(none)"
             row = f"`{section}.{f.name}` | `{flags.option(f.name)}` | `{default}` | {used} | {helps[f.name]}"
             lines.append(f"| {row} |")
     return "\n".join(lines) + "\n"

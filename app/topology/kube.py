@@ -209,6 +209,14 @@ def indexed_job(spec: ClusterSpec) -> dict:
     }
 
 
+def _rdzv_conf(spec: ClusterSpec) -> list[dict]:
+    """The c10d settings of the PyTorchJob's elasticPolicy: those of ``render.c10d_args``."""
+    conf = [{"key": "join_timeout", "value": str(spec.rendezvous.join_timeout)}]
+    if spec.nodes.elastic:
+        conf.append({"key": "last_call_timeout", "value": str(render.LAST_CALL_S)})
+    return conf
+
+
 def pytorch_job(spec: ClusterSpec) -> dict:
     """A Kubeflow PyTorchJob: one Master (it hosts the c10d rendezvous) and nodes - 1 Workers."""
     name, nodes, r = spec.job.name, spec.nodes.nodes, spec.rendezvous
@@ -236,8 +244,8 @@ def pytorch_job(spec: ClusterSpec) -> dict:
                 "rdzvHost": f"{name}-master-0",
                 "rdzvPort": r.master_port,
                 "rdzvId": name,
-                "rdzvConf": [{"key": "join_timeout", "value": str(r.join_timeout)}],
-                "minReplicas": nodes,
+                "rdzvConf": _rdzv_conf(spec),
+                "minReplicas": spec.nodes.min_nodes,
                 "maxReplicas": nodes,
                 "maxRestarts": r.max_restarts,
             },

@@ -13,6 +13,10 @@ from app.errors import UsageError
 from app.runtime import envvars
 from app.topology.spec import ClusterSpec, Host
 
+LAST_CALL_S = 2
+"""Seconds an elastic rendezvous waits for more nodes once --min-nodes have joined (torch's default, 30,
+would idle the survivors of a lost node that long at every restart)."""
+
 
 def env_vars(spec: ClusterSpec, hosts: tuple[Host, ...]) -> dict[str, str]:
     """The variables every process of the job needs, in the order they are written."""
@@ -55,15 +59,23 @@ def torchrun_args(spec: ClusterSpec, hosts: tuple[Host, ...], node_rank: int | N
     args = agent_args(spec, len(hosts), hosts[0].slots)
     if node_rank is None:
         return [*args, *c10d_args(spec, f"{spec.master(hosts)}:{r.master_port}", spec.job.name)]
+    if spec.nodes.elastic:
+        raise UsageError(
+            f"--min-nodes {spec.nodes.min_nodes}: a static rendezvous (--node-rank) fixes every node's rank and "
+            "cannot go on with fewer; leave --node-rank out (c10d) or drop --min-nodes"
+        )
     if not 0 <= node_rank < len(hosts):
         raise UsageError(f"--node-rank {node_rank} must be in [0, {len(hosts)}) for {len(hosts)} hosts")
     return [*args, f"--node-rank={node_rank}", f"--master-addr={spec.master(hosts)}", f"--master-port={r.master_port}"]
 
 
 def agent_args(spec: ClusterSpec, nnodes: int | str, nproc_per_node: int) -> list[str]:
-    """torchrun's shape: nodes, processes per node and how often the agents restart their workers."""
+    """torchrun's shape: nodes (``MIN:MAX`` when the spec's min_nodes is below ``nnodes``), processes per
+    node and how often the agents restart their workers."""
     restarts = spec.rendezvous.max_restarts
-    return [f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}", f"--max-restarts={restarts}"]
+    low = spec.nodes.min_nodes or spec.nodes.nodes
+    shape = f"{low}:{nnodes}" if isinstance(nnodes, int) and low < nnodes else nnodes
+    return [f"--nnodes={shape}", f"--nproc-per-node={nproc_per_node}", f"--max-restarts={restarts}"]
 
 
 def c10d_args(spec: ClusterSpec, endpoint: str, run_id: str) -> list[str]:
@@ -72,7 +84,8 @@ def c10d_args(spec: ClusterSpec, endpoint: str, run_id: str) -> list[str]:
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={endpoint}",
         f"--rdzv-id={run_id}",
-        f"--rdzv-conf=join_timeout={spec.rendezvous.join_timeout}",
+        f"--rdzv-conf=join_timeout={spec.rendezvous.join_timeout}"
+        + (f",last_call_timeout={LAST_CALL_S}" if spec.nodes.elastic else ""),
     ]
 
 

@@ -11,7 +11,9 @@ Two styles, chosen by the spec's ``job.launcher``:
   CPUs (cpus_per_rank x nproc_per_node); the agents meet in a c10d rendezvous on the first node
   of the allocation (``scontrol show hostnames "$SLURM_JOB_NODELIST"``), the job id as the
   rendezvous id, and restart the workers up to ``max_restarts`` times. The srun style starts each
-  rank once (``max_restarts`` does not apply; ``--requeue`` restarts the whole job).
+  rank once (``max_restarts`` does not apply; ``--requeue`` restarts the whole job). With
+  ``min_nodes`` below ``nodes`` the agents take ``--nnodes MIN:MAX``, the batch job ``--no-kill`` and
+  srun ``--kill-on-bad-exit=0``: a node lost leaves the others training.
 - ``srun``: one Slurm task per rank (``srun --mpi=pmi2``, the spec's ``slurm.mpi``); every process
   describes itself from SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID and SLURM_JOB_NODELIST
   (app/runtime/launcher.py), the first node serving the rendezvous.
@@ -92,6 +94,8 @@ def directives(spec: ClusterSpec) -> list[str]:
     lines = [f"#SBATCH --{key}={value}" for key, value in options]
     if s.exclusive:
         lines.append("#SBATCH --exclusive")
+    if n.elastic:
+        lines.append("#SBATCH --no-kill")  # a failed node leaves the job on the others (--min-nodes)
     lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"] if s.requeue else ["#SBATCH --no-requeue"]
     return lines
 
@@ -120,7 +124,8 @@ def _environment(spec: ClusterSpec) -> list[str]:
 def _torchrun_body(spec: ClusterSpec) -> list[str]:
     nodelist = envvars.SLURM_JOB_NODELIST[0]
     endpoint, run_id = Shell('"$head:$port"'), Shell(f'"${envvars.SLURM_JOB_ID}"')
-    srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    # all or none: one agent that gives up ends the step; elastic (--min-nodes): the other agents go on
+    srun = ["srun", "--ntasks-per-node=1", f"--kill-on-bad-exit={0 if spec.nodes.elastic else 1}"]
     torchrun = [spec.slurm.python, "-m", "torch.distributed.run"]
     shape = render.agent_args(spec, spec.nodes.nodes, spec.nodes.nproc_per_node)
     rdzv = [Shell(w) if w.endswith((endpoint, run_id)) else w for w in render.c10d_args(spec, endpoint, run_id)]

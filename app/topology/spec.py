@@ -109,6 +109,9 @@ class Nodes:
 
     nodes: int = field(default=2, metadata=used_by("all"))
     """Nodes in the job: containers (compose), machines (Ansible, Slurm -N) or pods (Kubernetes)."""
+    min_nodes: int | None = field(default=None, metadata=flag(show="--nodes") | used_by("all"))
+    """Fewest nodes the job goes on with (torchrun --nnodes MIN:MAX): a node lost past its restarts or kept out
+    by its health gate leaves the others training at the same global batch; default: --nodes (all or none)."""
     nproc_per_node: int = field(default=2, metadata=used_by("all"))
     """Processes per node, one per GPU on GPU nodes."""
     gpus_per_node: int = field(default=0, metadata=used_by("compose", "slurm", "kubernetes"))
@@ -123,6 +126,13 @@ class Nodes:
     def __post_init__(self) -> None:
         _positive("--nodes", self.nodes)
         _positive("--nproc-per-node", self.nproc_per_node)
+        if self.min_nodes is None:
+            object.__setattr__(self, "min_nodes", self.nodes)
+        elif not 1 <= self.min_nodes <= self.nodes:
+            raise UsageError(
+                f"--min-nodes {self.min_nodes} must be between 1 and --nodes {self.nodes}: the fewest nodes the "
+                f"job goes on with (--min-nodes {self.nodes}: all or none)"
+            )
         if self.gpus_per_node < 0:
             raise UsageError(f"--gpus-per-node {self.gpus_per_node} must be >= 0 (0: CPU nodes)")
         if self.gpus_per_node and self.nproc_per_node > self.gpus_per_node:
@@ -144,6 +154,16 @@ class Nodes:
                 f"--nproc-per-node {self.nproc_per_node} but the hosts have {self.hosts[0].slots} slots each: "
                 "give the hosts alone, their slots follow"
             )
+
+    @property
+    def elastic(self) -> bool:
+        """True when the job may go on with fewer nodes than it started with."""
+        return (self.min_nodes or self.nodes) < self.nodes
+
+    @property
+    def nnodes(self) -> str:
+        """torchrun's --nnodes: ``2``, or ``MIN:MAX`` for an elastic job."""
+        return f"{self.min_nodes}:{self.nodes}" if self.elastic else str(self.nodes)
 
     @property
     def uneven(self) -> bool:
@@ -352,6 +372,11 @@ class ClusterSpec:
     kubernetes: Kubernetes = field(default_factory=Kubernetes)
 
     def __post_init__(self) -> None:
+        if self.nodes.elastic and self.job.launcher != "torchrun":
+            raise UsageError(
+                f"--min-nodes {self.nodes.min_nodes} needs --launcher torchrun (its --nnodes MIN:MAX): "
+                f"{self.job.launcher} starts a fixed world; drop --min-nodes or use torchrun"
+            )
         if self.job.launcher == "torchrun" and self.nodes.uneven:
             slots = sorted({h.slots for h in self.nodes.hosts})
             raise UsageError(
@@ -449,5 +474,7 @@ def _check_types(section: str, cls: type, values: dict[str, Any]) -> None:
 
 def with_hosts(spec: ClusterSpec, hosts: tuple[Host, ...]) -> ClusterSpec:
     """``spec`` on these named hosts (their number and slots replace nodes and nproc_per_node)."""
-    shape = replace(spec.nodes, nodes=len(hosts), nproc_per_node=max(h.slots for h in hosts), hosts=hosts)
+    kept = spec.nodes.min_nodes if spec.nodes.elastic else None  # all or none stays all or none
+    slots = max(h.slots for h in hosts)
+    shape = replace(spec.nodes, nodes=len(hosts), min_nodes=kept, nproc_per_node=slots, hosts=hosts)
     return replace(spec, nodes=shape)

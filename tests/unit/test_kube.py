@@ -246,6 +246,14 @@ def test_the_job_is_consistent_with_the_spec() -> None:
     assert (elastic["minReplicas"], elastic["maxReplicas"], elastic["maxRestarts"]) == (3, 3, 2)
 
 
+def test_min_nodes_reaches_torchrun_and_the_pytorchjob() -> None:
+    spec = build({"nodes": {"nodes": 3, "min_nodes": 2}})
+    assert "--nnodes=2:3" in kube.config_map(spec)["data"]["torchrun.args"]
+    elastic = kube.pytorch_job(spec)["spec"]["elasticPolicy"]
+    assert (elastic["minReplicas"], elastic["maxReplicas"]) == (2, 3)
+    assert {"key": "last_call_timeout", "value": "2"} in elastic["rdzvConf"]
+
+
 def test_the_pods_run_as_the_images_user() -> None:
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
     assert f"ARG APP_UID={kube.APP_UID}\n" in dockerfile

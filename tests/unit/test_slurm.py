@@ -66,6 +66,13 @@ def test_torchrun_style_takes_its_port_from_the_job_id_and_runs_the_script_uncha
     assert "#SBATCH --time=20" in text  # 1200 s
 
 
+def test_min_nodes_lets_the_other_agents_go_on() -> None:
+    all_or_none = slurm.render_script(spec.build({"nodes": {"nodes": 3}}))
+    assert "--nnodes=3 " in all_or_none and "--kill-on-bad-exit=1" in all_or_none and "--no-kill" not in all_or_none
+    elastic = slurm.render_script(spec.build({"nodes": {"nodes": 3, "min_nodes": 2}}))
+    assert "--nnodes=2:3 " in elastic and "--kill-on-bad-exit=0" in elastic and "#SBATCH --no-kill" in elastic
+
+
 def test_the_job_command_is_quoted_for_the_shell() -> None:
     text = slurm.render_script(spec.build({"job": {"command": "check --json '/tmp/x y.json'; rm -rf /"}}))
     last = text.rstrip().splitlines()[-1]

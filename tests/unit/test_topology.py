@@ -46,6 +46,17 @@ def test_torchrun_static_and_c10d_rendezvous() -> None:
     assert "--rdzv-endpoint=node0:29400" in c10d and "--rdzv-conf=join_timeout=120" in c10d
 
 
+def test_min_nodes_defaults_to_nodes_and_renders_as_torchruns_min_max() -> None:
+    assert build({"nodes": {"nodes": 3}}).nodes.min_nodes == 3  # all or none: today's --nnodes=3
+    assert "--nnodes=3" in render.torchrun_args(build({"nodes": {"nodes": 3}}), (Host("a", 1),) * 3)
+    elastic = build({"nodes": {"hosts": "node0:2,node1:2,node2:2", "min_nodes": 2}})
+    args = render.torchrun_args(elastic, elastic.nodes.hosts)
+    assert "--nnodes=2:3" in args and "--rdzv-conf=join_timeout=120,last_call_timeout=2" in args
+    with pytest.raises(UsageError, match="static rendezvous"):
+        render.torchrun_args(elastic, elastic.nodes.hosts, node_rank=0)
+    assert build({"nodes": {"nodes": 4}}).as_dict()["nodes"]["min_nodes"] == 4
+
+
 def test_mpirun_args_carry_master_and_interface() -> None:
     args = render.mpirun_args(TWO_BY_TWO, HOSTS, hostfile="/etc/ddp/hostfile")
     assert args[:4] == ["-np", "4", "--hostfile", "/etc/ddp/hostfile"]
@@ -113,6 +124,9 @@ def test_job_argv_runs_the_app_or_the_users_script_unchanged() -> None:
         (lambda: Job(time_limit=0), "--time-limit 0"),
         (lambda: Rendezvous(max_restarts=-1), "--max-restarts -1"),
         (lambda: build({"nodes": {"nodes": "two"}}), "--nodes"),
+        (lambda: Nodes(nodes=2, min_nodes=0), "--min-nodes 0 must be between 1 and --nodes 2"),
+        (lambda: Nodes(nodes=2, min_nodes=3), "--min-nodes 3 must be between 1 and --nodes 2"),
+        (lambda: build({"nodes": {"min_nodes": 1}, "job": {"launcher": "mpirun"}}), "needs --launcher torchrun"),
     ],
 )
 def test_bad_specs_are_one_line_errors(build_it, message: str) -> None:
