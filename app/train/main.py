@@ -16,11 +16,11 @@ from app.runtime.distributed import (
     process_group,
     this_process,
 )
-from app.train import checkpoint, data, models, watch
+from app.train import checkpoint, data, models, resize, watch
 from app.train.config import SECTIONS, TrainConfig
 from app.train.report import Reporter
 from app.train.sync import main_decides
-from app.train.trainer import Trainer
+from app.train.trainer import Trainer, identity
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,13 +71,20 @@ def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], N
     proc = this_process(dist_cfg)
     doctor.preflight(proc, dist_cfg)  # a bad rendezvous: one line now, not a hang later
     with process_group(proc, dist_cfg) as ctx, Reporter.of(cfg.output, ctx.proc.is_main) as reporter:
-        trainer = Trainer(cfg, ctx, prepare_data(cfg, ctx), reporter, step_hooks=[reporter.after_step])
+        dataset = prepare_data(cfg, ctx)
+        resume, reached = main_decides(lambda: _resume_state(cfg, identity(cfg, dataset)), ctx.proc.is_main)
+        change = None
+        if resume is not None:  # on another number of ranks: the checkpoint's global batch is kept
+            cfg, state, change = resize.keep_global_batch(cfg, resume[0], ctx.proc.world_size, ctx.proc.num_nodes)
+            resume = (state, resume[1])
+        trainer = Trainer(cfg, ctx, dataset, reporter, step_hooks=[reporter.after_step])
         trainer.progress = progress.Recorder(cfg.output.out) if ctx.proc.is_main else None
         if prepare is not None:
             prepare(trainer)
-        resume, reached = main_decides(lambda: _resume_state(cfg, trainer.identity), ctx.proc.is_main)
         if resume is not None:
             trainer.restore(*resume)
+        if change is not None:
+            reporter.resize(change, cfg.steps.batch_size)
         trainer.note_previous_attempt(reached)
         try:
             summary = trainer.fit()

@@ -21,6 +21,7 @@ from app.train import scalars
 from app.train.config import OutputConfig
 
 if TYPE_CHECKING:
+    from app.train.resize import Resize
     from app.train.trainer import Trainer
 
 LOSS_INTERVAL_S = 0.5
@@ -107,6 +108,12 @@ class Reporter:
         self.event("resume", **resumed.record(), restart_count=restart_count)
         if self.enabled:
             print(resumed.line(), file=self.stream, flush=True)
+
+    def resize(self, change: "Resize", batch_size: int) -> None:
+        """The run continues on another number of ranks: one line (even with --quiet) and a ``resize`` record."""
+        self.event("resize", **change.record())
+        if self.enabled:
+            print(change.line(batch_size), file=self.stream, flush=True)
 
     def ranks(self, record: dict, line: str | None) -> None:
         """An exchange of step times: its record in metrics.jsonl; the straggler's line, if any, on the console."""

@@ -75,6 +75,16 @@ StepHook = Callable[["Trainer", int], None]
 """Called as ``hook(trainer, step)`` after each optimizer step (see the module docstring)."""
 
 
+def identity(cfg: TrainConfig, data: Dataset) -> dict:
+    """What a checkpoint must match to be resumed by a run of ``cfg`` on ``data``."""
+    return {
+        "model": cfg.model.model,
+        "dataset": data.name,
+        "input_shape": list(data.shape),
+        "num_classes": data.num_classes,
+    }
+
+
 def build_optimizer(name: str, params, lr: float, weight_decay: float, impl: str = "fused") -> torch.optim.Optimizer:
     """Adam, AdamW or SGD (momentum 0.9) with the fused, foreach or per-parameter implementation."""
     kind = {"fused": {"fused": True}, "foreach": {"foreach": True}, "loop": {"foreach": False}}[impl]
@@ -142,7 +152,15 @@ class Trainer:
             o.optimizer, self.model.parameters(), o.lr, o.weight_decay, speed.optimizer_impl
         )
         self.loader = TrainLoader(
-            data.train, self.rank, self.world, s.batch_size, s.seed, ctx.device, speed.loader, cfg.data.workers
+            data.train,
+            self.rank,
+            self.world,
+            s.batch_size,
+            s.seed,
+            ctx.device,
+            speed.loader,
+            cfg.data.workers,
+            s.accum_steps,
         )
         self.pos = Position()
         self.last_loss = torch.zeros((), device=ctx.device)
@@ -163,12 +181,7 @@ class Trainer:
     @property
     def identity(self) -> dict:
         """What a checkpoint must match to be resumed by this run."""
-        return {
-            "model": self.cfg.model.model,
-            "dataset": self.data.name,
-            "input_shape": list(self.data.shape),
-            "num_classes": self.data.num_classes,
-        }
+        return identity(self.cfg, self.data)
 
     def _state(self, rng: list[dict[str, torch.Tensor]], comm: list[dict]) -> dict:
         o, scaler = self.cfg.steps, self.precision.scaler

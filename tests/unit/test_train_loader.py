@@ -1,4 +1,5 @@
-"""Batches: DistributedSampler's order, resumable, the same from memory and from a DataLoader;
+"""Batches: DistributedSampler's order, the same samples per step on any world that keeps the global
+batch, resumable, the same from memory and from a DataLoader;
 evaluation shards count every sample exactly once."""
 
 import pytest
@@ -28,6 +29,38 @@ def test_eval_shards_count_each_sample_once(n: int, world: int) -> None:
     assert sorted(torch.cat(shards).tolist()) == list(range(n))
     seen = [y for r in range(world) for _, y in eval_batches(_split(n), r, world, 4, CPU)]
     assert sum(len(y) for y in seen) == n
+
+
+def test_global_batch_padding_of_w_is_distributed_samplers_own_order() -> None:
+    from torch.utils.data.distributed import DistributedSampler
+
+    for rank in range(3):
+        sampler = DistributedSampler(range(10), num_replicas=3, rank=rank, shuffle=True, seed=4)
+        sampler.set_epoch(2)
+        assert rank_indices(10, rank, 3, seed=4, epoch=2).tolist() == list(sampler)
+
+
+def _steps(n: int, world: int, batch: int, accum: int, epoch: int = 1) -> list[list[int]]:
+    """The samples of each optimizer step of an epoch, over all ranks (sorted), as the trainer groups them."""
+    loaders = [TrainLoader(_split(n), r, world, batch, seed=7, device=CPU, accum_steps=accum) for r in range(world)]
+    batches = [[y.tolist() for _, y in loader.epoch(epoch)] for loader in loaders]
+    assert len({len(b) for b in batches}) == 1 and len(batches[0]) % accum == 0
+    return [
+        sorted(i for rank in batches for micro in rank[step * accum : (step + 1) * accum] for i in micro)
+        for step in range(len(batches[0]) // accum)
+    ]
+
+
+@pytest.mark.parametrize("n", [1437, 1024, 100])
+def test_every_step_sees_the_same_samples_on_any_world_that_keeps_the_global_batch(n: int) -> None:
+    """4 ranks x 64 = 2 ranks x 64 x accum 2 = 1 rank x 64 x accum 4: the same 256 samples at every
+    optimizer step, the last one of the epoch included (padded to a whole global batch)."""
+    four = _steps(n, 4, 64, 1)
+    assert _steps(n, 2, 64, 2) == four == _steps(n, 1, 64, 4)
+    assert all(len(step) == 256 for step in four)
+    assert sorted(set().union(*four)) == list(range(n))  # every sample, every epoch
+    # control: another global batch (2 ranks x 64, accum 1) groups the same shuffle differently
+    assert _steps(n, 2, 64, 1)[0] != four[0]
 
 
 def test_memory_and_dataloader_give_the_same_batches() -> None:
