@@ -422,16 +422,19 @@ def _restart_node(run: Run, name: str, code: int, stop: threading.Event) -> None
     limit = run.spec.rendezvous.max_restarts
     ranks = run.node_ranks(name)
     which = f"{name} (ranks {ranks[0]}-{ranks[-1]})" if len(ranks) > 1 else name
+    shape = run.spec.nodes
+    going_on = f"the job goes on with the other nodes (--min-nodes {shape.min_nodes})" if shape.elastic else ""
     if run.restarts >= limit:
-        run.say(f"cluster: {which} stopped with {describe_status(code)}; no restarts left (--max-restarts {limit})")
+        left = f"no restarts left (--max-restarts {limit})"
+        run.say(f"cluster: {which} stopped with {describe_status(code)}; {left}{'; ' + going_on if going_on else ''}")
         return
     run.restarts += 1
     run.failure(CONTAINER, f"{which} stopped with {describe_status(code)}")
     run.log(f"cluster: starting {name} again (container restart {run.restarts} of {limit})")
     time.sleep(2)  # Docker's restart policy brings back a crashed container by itself
     state = _docker("inspect", "--format", "{{.State.Running}} {{.State.Restarting}}", name).stdout.split()
-    if not stop.is_set() and "true" not in state:
-        _docker("start", name)
+    if not stop.is_set() and "true" not in state and _docker("start", name).returncode != 0 and going_on:
+        run.say(f"cluster: {which} is gone (it cannot be started again); {going_on}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

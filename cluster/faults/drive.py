@@ -79,6 +79,9 @@ class FaultRun:
         path = self.results / "f" / "checkpoints" / f"step-{step:08d}.pt"
         return torch.load(path, map_location="cpu", weights_only=True)
 
+    def summary(self) -> dict:
+        return json.loads((self.results / "f" / "summary.json").read_text())
+
     def metrics(self) -> list[dict]:
         return [json.loads(line) for line in (self.results / "f" / "metrics.jsonl").read_text().splitlines()]
 

@@ -1,0 +1,88 @@
+"""Fewer nodes at the same global batch on the compose cluster (2 nodes x 2 ranks, gloo, the fault job of
+test_faults.py): with --min-nodes 1 a worker container removed at step 25 leaves the job on the head,
+which resumes from its last checkpoint on 2 ranks with accumulation 2 and ends within a measured
+tolerance of an uninterrupted run, digits accuracy >= 95%; with --min-nodes 2 (= --nodes, the default)
+the same loss ends the job as before.
+
+Run: ``DDP_TEST_IMAGE_NAME=... .venv/bin/python -m pytest tests/docker/test_elastic.py`` (a few minutes).
+"""
+
+import re
+import time
+import uuid
+
+import pytest
+
+from cluster.faults.drive import FINAL_STEP, FaultRun, explain
+
+from .conftest import project_leftovers, run
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+HOOKS = ["--fault-at-step", "25", "--fault-rank", "3", "--slow-ms", "500"]
+TOLERANCE = 1e-5
+"""Largest parameter difference against the uninterrupted 4-rank run after going on at 2 ranks x accum 2
+from step 23 (only the order of float sums differs); measured: see the module's report line."""
+
+
+def _down(job: FaultRun) -> None:
+    run(["python3", "-m", "app", "cluster", "down", "--name", job.project], 240)
+    assert project_leftovers(job.project) == []
+
+
+@pytest.fixture
+def fault_run(cpu_image, tmp_path):
+    job = FaultRun(f"ddpe-{uuid.uuid4().hex[:8]}", tmp_path / "results", cpu_image)
+    yield job
+    _down(job)
+
+
+@pytest.fixture(scope="module")
+def reference(cpu_image, tmp_path_factory) -> dict:
+    job = FaultRun(f"ddpe-{uuid.uuid4().hex[:8]}", tmp_path_factory.mktemp("reference") / "results", cpu_image)
+    try:
+        done = job.finish(job.start([]))
+        assert done.returncode == 0, explain(done)
+        return job.final_state()
+    finally:
+        _down(job)
+
+
+def _difference(a: dict, b: dict) -> float:
+    return max(float((a[name] - b[name]).abs().max()) for name in a)
+
+
+def test_a_removed_worker_leaves_the_job_on_the_other_node_at_the_same_global_batch(fault_run, reference):
+    proc = fault_run.start(HOOKS, "--min-nodes", "1")
+    fault_run.marker(proc)
+    worker = fault_run.container("worker")
+    removed_at = time.time()
+    assert fault_run.docker("rm", "--force", worker).returncode == 0
+    done = fault_run.finish(proc)
+    assert done.returncode == 0, explain(done)
+    gone = f"cluster: {worker} (ranks 2-3) is gone (it cannot be started again); the job goes on with the other nodes"
+    assert f"{gone} (--min-nodes 1)" in done.stdout, explain(done)
+    said = re.search(r"^train: resize: 4 -> 2 ranks at step (\d+) \(the job restarted on 1 node", done.stdout, re.M)
+    assert said and 23 <= int(said[1]) <= 25, explain(done)
+    [resize] = [m for m in fault_run.metrics() if m["event"] == "resize"]
+    assert (resize["from"], resize["to"], resize["accum_to"], resize["global_batch"]) == (4, 2, 2, 64), resize
+    resumed = [m for m in fault_run.metrics() if m["event"] == "start"][-1]
+    print(f"elastic: lost worker -> first step on 1 node: {resumed['time'] - removed_at:.1f} s (start record)")
+
+    state = fault_run.final_state()
+    assert state["step"] == FINAL_STEP and state["world_size"] == 2 and state["accum_steps"] == 2
+    summary = fault_run.summary()
+    assert summary["test_accuracy"] >= 0.95 and summary["world_size"] == 2, summary
+    drift = _difference(reference["model_state"], state["model_state"])
+    print(f"elastic: shrunk run vs uninterrupted: max |difference| {drift:.3g} (tolerance {TOLERANCE:g})")
+    assert drift <= TOLERANCE
+
+
+def test_min_nodes_equal_to_nodes_keeps_todays_all_or_none(fault_run):
+    proc = fault_run.start(HOOKS, "--min-nodes", "2", "--max-restarts", "1", "--join-timeout", "15")
+    fault_run.marker(proc)
+    assert fault_run.docker("rm", "--force", fault_run.container("worker")).returncode == 0
+    done = fault_run.finish(proc)
+    assert done.returncode != 0, explain(done)
+    assert "resize" not in done.stdout and "goes on with the other nodes" not in done.stdout, explain(done)
+    assert "the rendezvous timed out: not all 2 nodes joined within --join-timeout 15s" in done.stderr, explain(done)
