@@ -90,12 +90,17 @@ def ensure_space(out: Path, latest: Path) -> None:
         )
 
 
-def save(out: Path, state: dict, step: int, keep: int) -> Path:
-    """Write ``state`` as step ``step`` (temp file, fsync, rename), then keep only the ``keep`` newest."""
+def encode(state: dict) -> bytes:
+    """A checkpoint file's bytes: ``state`` with the format's version."""
     buffer = io.BytesIO()
     torch.save({"format": FORMAT, **state}, buffer)
+    return buffer.getvalue()
+
+
+def save(out: Path, state: dict, step: int, keep: int) -> Path:
+    """Write ``state`` as step ``step`` (temp file, fsync, rename), then keep only the ``keep`` newest."""
     try:
-        target = atomic_write_bytes(path_for(out, step), buffer.getvalue())
+        target = atomic_write_bytes(path_for(out, step), encode(state))
     except OSError as error:
         raise ClusterError(
             f"could not write checkpoint {path_for(out, step)} ({error.strerror or error}): "

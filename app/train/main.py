@@ -16,7 +16,7 @@ from app.runtime.distributed import (
     process_group,
     this_process,
 )
-from app.train import checkpoint, data, models, resize, watch
+from app.train import checkpoint, data, models, resize, snapshot, watch
 from app.train.config import SECTIONS, TrainConfig
 from app.train.report import Reporter
 from app.train.sync import main_decides
@@ -54,12 +54,15 @@ def _resume_state(cfg: TrainConfig, identity: dict) -> tuple[tuple[dict, str] | 
     checkpoint.ensure_writable(out)
     reached = progress.reached(out)
     path = checkpoint.resolve_resume(out, cfg.output.resume)
-    if path is None:
-        return None, reached
-    checkpoint.ensure_space(out, path)
-    state = checkpoint.load(path)
-    checkpoint.check_identity(path, state, identity)
-    return (state, str(path)), reached
+    latest = None
+    if path is not None:
+        checkpoint.ensure_space(out, path)
+        state = checkpoint.load(path)
+        checkpoint.check_identity(path, state, identity)
+        latest = (state, str(path))
+    if cfg.output.resume == "auto":  # the state the survivors of a failed collective kept, when newer
+        latest = snapshot.newer(out, latest[0]["step"] if latest else -1, identity) or latest
+    return latest, reached
 
 
 def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], None] | None = None) -> dict:
@@ -92,7 +95,8 @@ def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], N
             if not watch.collective_failed(error):
                 raise
             ctx.mark_broken(first_line(error))
-            raise ClusterError(trainer.watch.explain(error)) from error
+            line = trainer.watch.explain(error, trainer.pos.step)
+            raise ClusterError(line + snapshot.write(trainer)) from error
         reporter.finish(summary)
         return summary
 

@@ -155,6 +155,8 @@ class Watch:
         """The collective this rank is in (or was in last), and the optimizer step it belongs to."""
         self.exchanged_at = 0
         """The step of the last exchange: every rank had reached it."""
+        self.answers: dict[int, dict] = {}
+        """After a failed collective: what each rank that answered the roll call said (``explain``)."""
         self._namer = StragglerNamer()
         self._grad_ready = 0.0
         for param in model.parameters():
@@ -198,11 +200,15 @@ class Watch:
 
     # --- a failed collective ---------------------------------------------------------------------
 
-    def explain(self, error: BaseException) -> str:
-        """Why the job cannot go on, in one line: which ranks (and hosts) stopped answering."""
+    def explain(self, error: BaseException, completed: int = -1) -> str:
+        """Why the job cannot go on, in one line: which ranks (and hosts) stopped answering.
+
+        completed: the last optimizer step this rank completed, told to the others with its roll call
+        (``answers`` then holds what every rank that answered said: its host, step and completed step).
+        """
         what, step = self.doing
         failed = f"the {what} of step {step} failed ({first_line(error)[:160]})"
-        answered = self._roll_call(step)
+        answered = self._roll_call(step, completed)
         if answered is None:
             return f"rank 0 on {self.hosts[0]} stopped answering: {failed}, and rank 0's store does not answer either"
         silent = [r for r in range(self.world) if r not in answered]
@@ -217,20 +223,23 @@ class Watch:
             f"(all had reached step {self.exchanged_at} at the last exchange)"
         )
 
-    def _roll_call(self, step: int) -> set[int] | None:
+    def _roll_call(self, step: int, completed: int) -> set[int] | None:
         """The ranks that say they are alive in the store within REPORT_GRACE_S; None when the store is gone."""
+        said = {"host": self.ctx.proc.host, "step": step, "completed": completed}
         try:
             store = dist.distributed_c10d._get_default_store()
             store.set_timeout(timedelta(seconds=REPORT_GRACE_S))
-            store.set(_ALIVE.format(self.rank), json.dumps({"host": self.ctx.proc.host, "step": step}))
+            store.set(_ALIVE.format(self.rank), json.dumps(said))
         except (RuntimeError, ValueError):  # DistError is a RuntimeError: the store's host is gone
             return None
-        answered = {self.rank}
+        self.answers = {self.rank: said}
         deadline = time.monotonic() + REPORT_GRACE_S
-        while len(answered) < self.world and time.monotonic() < deadline:
+        while len(self.answers) < self.world and time.monotonic() < deadline:
             try:
-                answered |= {r for r in range(self.world) if r not in answered and store.check([_ALIVE.format(r)])}
+                for r in range(self.world):
+                    if r not in self.answers and store.check([_ALIVE.format(r)]):
+                        self.answers[r] = json.loads(store.get(_ALIVE.format(r)))
             except (RuntimeError, ValueError):
                 return None
             time.sleep(0.1)
-        return answered
+        return set(self.answers)

@@ -30,8 +30,8 @@ HOOKS = ["--fault-at-step", str(FAULT_STEP), "--fault-rank", "3", "--slow-ms", "
 STOP_GRACE_S = 10
 """app/orchestrate/runner.py's: the other containers stop within it once the head is gone."""
 RESUMED = re.compile(
-    r"; resumed from step (?P<step>\d+) \(checkpoint /results/f/checkpoints/step-\d{8}\.pt\), "
-    r"(?P<lost>\d+) steps? lost \(the failed attempt reached step (?P<reached>\d+)\)$"
+    r"; resumed from step (?P<step>\d+) \(checkpoint /results/f/checkpoints/(step-\d{8}|emergency)\.pt\), "
+    r"((?P<lost>\d+) steps? lost \(the failed attempt reached step (?P<reached>\d+)\)|no steps lost)$"
 )
 
 
@@ -77,8 +77,9 @@ def restart_line(job: FaultRun, stdout: str) -> tuple[str, re.Match]:
     assert len(lines) == 1, stdout[-5000:]
     resumed = RESUMED.search(lines[0])
     assert resumed, lines[0]
-    step, lost, reached = int(resumed["step"]), int(resumed["lost"]), int(resumed["reached"])
-    assert 23 <= step <= FAULT_STEP <= reached and lost == reached - step, lines[0]
+    step = int(resumed["step"])  # an emergency snapshot of the last step, or the last checkpoint
+    lost, reached = (int(resumed["lost"]), int(resumed["reached"])) if resumed["lost"] else (0, step)
+    assert 23 <= step <= reached and reached >= FAULT_STEP and lost == reached - step, lines[0]
     [event] = [m for m in job.metrics() if m["event"] == "resume"]
     assert (event["from_step"], event["lost"], event["reached"]) == (step, lost, reached), event
     return lines[0], resumed

@@ -1,0 +1,74 @@
+"""Emergency snapshots: when a collective fails, the survivors keep the step they all completed.
+
+    line = trainer.watch.explain(error, trainer.pos.step)   # the roll call: who answers, and their last step
+    line += snapshot.write(trainer)                         # the lowest rank that answered writes it, if they agree
+    found = snapshot.newer(out, step)                       # at a resume (rank 0): (state, path) when newer
+
+Under DDP every rank holds the whole state after each optimizer step: parameters, optimizer,
+sampler position (epoch, batch, step). A collective that fails (a peer lost, a timeout) leaves the
+ranks still alive at the step they last completed, whatever the last periodic checkpoint was. In
+the roll call each survivor tells the others that step through the rendezvous store; when all
+that answered completed the same step, the lowest of them writes its state to
+``OUT/checkpoints/emergency.pt`` (atomic: temp file, fsync, rename) before the ranks exit, and the
+restarted job resumes from it when it is newer than the latest checkpoint: at most the failed step
+is lost instead of everything since the last checkpoint.
+
+Trust. Nothing is written when the survivors disagree (one completed a step whose all-reduce
+failed on another) or when a hook holds per-rank state (PowerSGD): the error line says so, and the
+restart takes the last checkpoint. A snapshot that does not load (torn, foreign) or was made by
+another kind of run is set aside with one line, and the restart takes the last checkpoint.
+RNG: the writer's generator state only (the lost ranks' are gone); exact for training that draws
+no random numbers (the MLP and CNN here), as every resume of this app is checked to be.
+"""
+
+from pathlib import Path
+
+from app.atomic import atomic_write_bytes
+from app.errors import UsageError
+from app.train import checkpoint, comm_hooks, sync
+
+NAME = "emergency.pt"
+"""The snapshot's file in OUT/checkpoints (not a step-*.pt: --keep-checkpoints never removes it)."""
+
+
+def path_of(out: Path) -> Path:
+    return checkpoint.directory(out) / NAME
+
+
+def write(trainer) -> str:
+    """After a failed collective and its roll call: write the snapshot when this rank is the lowest that
+    answered and every answer completed this rank's step. What happened, as the tail of the error line."""
+    answers, step = trainer.watch.answers, trainer.pos.step
+    if not answers or trainer.rank != min(answers):
+        return ""
+    completed = sorted({a.get("completed", -1) for a in answers.values()})
+    if completed != [step]:
+        return f"; no emergency snapshot: the ranks that answered had completed steps {completed}"
+    if comm_hooks.has_state(trainer.comm):
+        return f"; no emergency snapshot: --comm-hook {trainer.comm.name} keeps state on every rank"
+    state = trainer._state([sync.rng_state(trainer.ctx.device)], [])
+    state["snapshot"] = {"agreed_by": sorted(answers), "world_size": trainer.world}
+    target = path_of(trainer.cfg.output.out)
+    try:
+        atomic_write_bytes(target, checkpoint.encode(state))
+    except OSError as error:
+        return f"; no emergency snapshot: {target}: {error.strerror or error}"
+    return f"; rank {trainer.rank} kept step {step} in {target}"
+
+
+def newer(out: Path, step: int, identity: dict) -> tuple[dict, str] | None:
+    """The snapshot in ``out`` as (state, path) when it is newer than checkpoint step ``step`` (-1: none)
+    and can be trusted; else None (one line when it is set aside)."""
+    path = path_of(out)
+    if not path.is_file():
+        return None
+    try:
+        state = checkpoint.load(path)
+        checkpoint.check_identity(path, state, identity)
+    except UsageError as error:
+        path.replace(path.with_suffix(".untrusted"))
+        print(f"train: emergency snapshot set aside ({error}); resuming from the last checkpoint", flush=True)
+        return None
+    if state.get("step", -1) <= step:
+        return None
+    return state, str(path)
