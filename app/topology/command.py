@@ -29,7 +29,7 @@ from typing import Any
 from app import flags
 from app.atomic import atomic_write_text
 from app.errors import UsageError
-from app.topology import compose, kube, render, slurm, slurmcluster, spec, sshkeys
+from app.topology import compose, kube, render, slurm, spec, sshkeys
 from app.topology.spec import ClusterSpec, Host
 
 
@@ -115,10 +115,6 @@ FORMATS: dict[str, tuple[Renderer, str]] = {
     ),
     "compose-path": (lambda _: f"{compose.COMPOSE_FILE}\n", "where compose.yaml is (package data)"),
     "sbatch": (lambda r: slurm.render_script(r.spec), "a Slurm batch script (sbatch FILE): torchrun or srun style"),
-    "slurm-files": (
-        lambda r: slurmcluster.cluster_files(r.spec),
-        "the Slurm mini-cluster's slurm.conf and node names (--output-dir)",
-    ),
     "ssh-keys": (_ssh_keys, "this cluster's SSH user and host keys, made once (--output-dir)"),
     "k8s": (lambda r: kube.render_k8s(r.spec), "Kubernetes: Indexed Job, headless Service, ConfigMap, NetworkPolicy"),
     "pytorchjob": (lambda r: kube.render_pytorchjob(r.spec), "Kubernetes: a Kubeflow PyTorchJob and a NetworkPolicy"),
