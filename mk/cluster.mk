@@ -50,6 +50,8 @@ SPEC_FLAGS = $(call knob,--spec,$(SPEC)) $(call knob,--name,$(CLUSTER)) $(call k
 	$(call knob,--nproc-per-node,$(NPROC_PER_NODE)) $(call knob,--gpus-per-node,$(GPUS_PER_NODE)) \
 	$(call knob,--master-port,$(MASTER_PORT)) $(call knob,--max-restarts,$(MAX_RESTARTS)) \
 	$(call knob,--time-limit,$(CLUSTER_TIMEOUT)) --image $(IMAGE_NAME):$(IMAGE_TAG)
+# The local targets' processes: NPROC_PER_NODE, else the spec's default (asked of the app, not restated).
+LOCAL_NPROC = $(or $(NPROC_PER_NODE),$(shell $(APP) topology --format nproc-per-node))
 JOB_FLAGS = $(if $(SCRIPT),--script $(call quote,$(SCRIPT)) $(call knob,--args,$(ARGS)),$(call knob,--command,$(JOB)))
 # The cluster runner is the app's own (stdlib only): the host needs no venv to run the cluster.
 APP = PYTHONPATH=$(CURDIR) $(PYTHON) -m app

@@ -8,8 +8,8 @@ COMM_ARGS ?=
 LINKS_ARGS ?=
 
 .PHONY: comm
-comm: venv ## Collective bandwidth sweep (app comm) on NPROC local ranks; table, RESULTS/comm/local.{json,png}.
-	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m app comm \
+comm: venv ## Collective bandwidth sweep (app comm) on NPROC_PER_NODE local ranks; table, RESULTS/comm/local.{json,png}.
+	$(VENV)/bin/torchrun --standalone --nproc-per-node $(LOCAL_NPROC) -m app comm \
 	  --json $(RESULTS)/comm/local.json --plot $(RESULTS)/comm/local.png $(COMM_ARGS)
 
 .PHONY: cluster-comm

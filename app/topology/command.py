@@ -118,6 +118,7 @@ FORMATS: dict[str, tuple[Renderer, str]] = {
     "ssh-keys": (_ssh_keys, "this cluster's SSH user and host keys, made once (--output-dir)"),
     "k8s": (lambda r: kube.render_k8s(r.spec), "Kubernetes: Indexed Job, headless Service, ConfigMap, NetworkPolicy"),
     "pytorchjob": (lambda r: kube.render_pytorchjob(r.spec), "Kubernetes: a Kubeflow PyTorchJob and a NetworkPolicy"),
+    "nproc-per-node": (lambda r: f"{r.spec.nodes.nproc_per_node}\n", "processes per node (make's local targets)"),
     "doc": (_doc, "the spec's keys as a Markdown table (README.md)"),
 }
 """Every format: its renderer (text, or files by name for --output-dir) and one line of help."""
