@@ -83,6 +83,8 @@ def test_comm_across_containers(cluster) -> None:
     assert done.returncode == 0, explain(done)
     report = cluster.json("comm/cluster.json")
     assert report["ok"] and report["world_size"] == 4 and report["nodes"] == 2, report["failures"]
+    head, worker = f"{cluster.project}-head-1", f"{cluster.project}-worker-1"
+    assert report["hosts"] == [head, head, worker, worker], "ranks named by their containers, as docker ps names them"
     assert {r["op"] for r in report["results"]} == {
         "all_reduce",
         "all_gather",
