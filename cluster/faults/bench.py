@@ -2,6 +2,7 @@
 
     make bench-faults                                    # IMAGE_NAME=... picks the image, as for cluster-up
     python -m cluster.faults.bench --image ddp-cluster:cpu --minutes 3 --json build/bench-faults.json
+    make bench-faults BENCH_FAULTS_ARGS='--min-nodes 1'   # elastic: the head trains on alone meanwhile
 
 Runs one training job on the 2 x 2 gloo cluster twice, the same job both times: first undisturbed,
 then with one fault a minute, alternately a training process killed (kill -9 inside the worker
@@ -54,9 +55,12 @@ def train_args(epochs: int) -> list[str]:
     ]  # fmt: skip
 
 
-def run_job(job: FaultRun, epochs: int, fault_every: float) -> tuple[subprocess.CompletedProcess, list[dict]]:
+def run_job(
+    job: FaultRun, epochs: int, fault_every: float, min_nodes: int = 2
+) -> tuple[subprocess.CompletedProcess, list[dict]]:
     """Run the job; with ``fault_every`` > 0 strike a fault every that many seconds while it trains."""
-    proc = job.start(["--first-steps", FIRST_STEPS], "--max-restarts", "20", train=train_args(epochs))
+    spec = ["--max-restarts", "20", "--min-nodes", str(min_nodes)]
+    proc = job.start(["--first-steps", FIRST_STEPS], *spec, train=train_args(epochs))
     faults: list[dict] = []
     if fault_every:
         threading.Thread(target=_strike, args=(job, proc, fault_every, faults), daemon=True).start()
@@ -124,6 +128,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--epochs", type=int, default=600, help="epochs of digits (2-3 minutes undisturbed)")
     parser.add_argument("--fault-every", type=float, default=60.0, metavar="S", help="seconds between faults")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--min-nodes", type=int, default=2, help="1: the head goes on alone while the worker is out")
     args = parser.parse_args(argv)
     report: dict = {"load_average_before": os.getloadavg(), "image": args.image, "epochs": args.epochs}
     with tempfile.TemporaryDirectory(prefix="bench-faults-") as tmp:
@@ -131,7 +136,7 @@ def main(argv: list[str]) -> int:
             job = FaultRun(f"ddpb-{uuid.uuid4().hex[:8]}", Path(tmp) / name.replace(" ", "-"), args.image)
             print(f"bench-faults: {name}: {job.project} ...", flush=True)
             try:
-                done, faults = run_job(job, args.epochs, every)
+                done, faults = run_job(job, args.epochs, every, args.min_nodes)
                 if done.returncode != 0:
                     print(f"error: the {name} run failed\n{explain(done)}", file=sys.stderr)
                     return 1
@@ -141,6 +146,7 @@ def main(argv: list[str]) -> int:
                     "steps": next(m["step"] for m in reversed(metrics) if m["event"] == "end"),
                     "faults": recoveries(faults, metrics, first_steps),
                     "restart_lines": [line for line in done.stdout.splitlines() if line.startswith("cluster: restart")],
+                    "resizes": [(m["from"], m["to"], m["step"]) for m in metrics if m["event"] == "resize"],
                 }
             finally:
                 subprocess.run(
@@ -172,6 +178,8 @@ def format_report(r: dict) -> str:
     if timed:
         lines.append(f"  median recovery {statistics.median(timed):.1f} s (max {max(timed):.1f} s), "
                      f"median steps lost {statistics.median(lost) if lost else '?'}")  # fmt: skip
+    if hit.get("resizes"):
+        lines.append(f"  resizes (ranks from, to, at step): {hit['resizes']}")
     ratio = calm["training_s"] / hit["training_s"]
     lines.append(
         f"  training time: undisturbed {calm['training_s']:.0f} s, {len(faults)} fault(s) {hit['training_s']:.0f} s: "
