@@ -20,7 +20,7 @@ from app.train import checkpoint, data, models, resize, snapshot, watch
 from app.train.config import SECTIONS, TrainConfig
 from app.train.report import Reporter
 from app.train.sync import main_decides
-from app.train.trainer import Trainer, identity
+from app.train.trainer import Trainer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,12 +75,14 @@ def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], N
     doctor.preflight(proc, dist_cfg)  # a bad rendezvous: one line now, not a hang later
     with process_group(proc, dist_cfg) as ctx, Reporter.of(cfg.output, ctx.proc.is_main) as reporter:
         dataset = prepare_data(cfg, ctx)
-        resume, reached = main_decides(lambda: _resume_state(cfg, identity(cfg, dataset)), ctx.proc.is_main)
+        trainer = Trainer(cfg, ctx, dataset, reporter, step_hooks=[reporter.after_step])
+        resume, reached = main_decides(lambda: _resume_state(cfg, trainer.identity), ctx.proc.is_main)
         change = None
         if resume is not None:  # on another number of ranks: the checkpoint's global batch is kept
-            cfg, state, change = resize.keep_global_batch(cfg, resume[0], ctx.proc.world_size, ctx.proc.num_nodes)
+            kept, state, change = resize.keep_global_batch(cfg, resume[0], ctx.proc.world_size, ctx.proc.num_nodes)
             resume = (state, resume[1])
-        trainer = Trainer(cfg, ctx, dataset, reporter, step_hooks=[reporter.after_step])
+            if kept is not cfg:  # another accumulation: the loader and DDP (static graph) are built for it
+                cfg, trainer = kept, Trainer(kept, ctx, dataset, reporter, step_hooks=[reporter.after_step])
         trainer.progress = progress.Recorder(cfg.output.out) if ctx.proc.is_main else None
         if prepare is not None:
             prepare(trainer)

@@ -13,13 +13,17 @@ import uuid
 
 import pytest
 
-from cluster.faults.drive import FINAL_STEP, FaultRun, explain
+from cluster.faults.drive import TRAIN, FaultRun, explain
 
 from .conftest import project_leftovers, run
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 HOOKS = ["--fault-at-step", "25", "--fault-rank", "3", "--slow-ms", "500"]
+EPOCHS = 3
+"""Of digits: 2 epochs end at 94% test accuracy on 2 ranks x accum 2 as on 4 ranks; 3 pass 95%."""
+THREE_EPOCHS = [*TRAIN[: TRAIN.index("--epochs") + 1], str(EPOCHS), *TRAIN[TRAIN.index("--epochs") + 2 :]]
+FINAL_STEP = 23 * EPOCHS
 TOLERANCE = 1e-5
 """Largest parameter difference against the uninterrupted 4-rank run after going on at 2 ranks x accum 2
 from step 23 (only the order of float sums differs); measured: see the module's report line."""
@@ -41,9 +45,9 @@ def fault_run(cpu_image, tmp_path):
 def reference(cpu_image, tmp_path_factory) -> dict:
     job = FaultRun(f"ddpe-{uuid.uuid4().hex[:8]}", tmp_path_factory.mktemp("reference") / "results", cpu_image)
     try:
-        done = job.finish(job.start([]))
+        done = job.finish(job.start([], train=THREE_EPOCHS))
         assert done.returncode == 0, explain(done)
-        return job.final_state()
+        return job.final_state(FINAL_STEP)
     finally:
         _down(job)
 
@@ -53,7 +57,7 @@ def _difference(a: dict, b: dict) -> float:
 
 
 def test_a_removed_worker_leaves_the_job_on_the_other_node_at_the_same_global_batch(fault_run, reference):
-    proc = fault_run.start(HOOKS, "--min-nodes", "1")
+    proc = fault_run.start(HOOKS, "--min-nodes", "1", train=THREE_EPOCHS)
     fault_run.marker(proc)
     worker = fault_run.container("worker")
     removed_at = time.time()
@@ -63,13 +67,13 @@ def test_a_removed_worker_leaves_the_job_on_the_other_node_at_the_same_global_ba
     gone = f"cluster: {worker} (ranks 2-3) is gone (it cannot be started again); the job goes on with the other nodes"
     assert f"{gone} (--min-nodes 1)" in done.stdout, explain(done)
     said = re.search(r"^train: resize: 4 -> 2 ranks at step (\d+) \(the job restarted on 1 node", done.stdout, re.M)
-    assert said and 23 <= int(said[1]) <= 25, explain(done)
+    assert said and 23 <= int(said[1]) <= 27, explain(done)  # the emergency snapshot of the last step (25-26)
     [resize] = [m for m in fault_run.metrics() if m["event"] == "resize"]
     assert (resize["from"], resize["to"], resize["accum_to"], resize["global_batch"]) == (4, 2, 2, 64), resize
     resumed = [m for m in fault_run.metrics() if m["event"] == "start"][-1]
-    print(f"elastic: lost worker -> first step on 1 node: {resumed['time'] - removed_at:.1f} s (start record)")
+    print(f"elastic: lost worker -> start on 1 node: {resumed['time'] - removed_at:.1f} s (its start record)")
 
-    state = fault_run.final_state()
+    state = fault_run.final_state(FINAL_STEP)
     assert state["step"] == FINAL_STEP and state["world_size"] == 2 and state["accum_steps"] == 2
     summary = fault_run.summary()
     assert summary["test_accuracy"] >= 0.95 and summary["world_size"] == 2, summary
