@@ -493,6 +493,9 @@ class Trainer:
             "optimizer": o.optimizer,
             "lr": o.lr,
             "static_graph": static_graph(self.cfg),
+            "compile": self.cfg.speed.compile,
+            "cuda_graphs": self.cfg.speed.cuda_graphs,
+            "channels_last": self.loader.memory_format == torch.channels_last,
             "comm_hook": self.comm.name,
             "epochs": s.epochs,
             "train_samples": len(self.data.train),
@@ -502,6 +505,7 @@ class Trainer:
     def banner(self) -> str:
         d = self.describe()
         hook = f", {d['comm_hook']} gradients" if d["comm_hook"] != "none" else ""
+        hook += "".join(f", {name}" for name in ("compile", "cuda_graphs", "channels_last") if d[name])
         return (
             f"train: {d['model']} on {d['dataset']} ({d['train_samples']} train / {d['test_samples']} test), "
             f"{d['world_size']} rank(s) on {d['nodes']} node(s), per-rank batch {d['batch_size']} x "
