@@ -55,10 +55,10 @@ demo: venv ## Run the health check and a 2-process check on local processes (no 
 	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m app check
 
 .PHONY: readme-spec
-readme-spec: ## Rewrite README.md's table of the cluster spec's keys from the code (python -m app topology --format doc).
+readme-spec: ## Rewrite the table of the cluster spec's keys in docs/engines.md from the code (python -m app topology --format doc).
 	@PYTHONPATH=$(CURDIR) $(PYTHON) -c 'import re, subprocess, sys, pathlib; \
 	  table = subprocess.run([sys.executable, "-m", "app", "topology", "--format", "doc"], check=True, capture_output=True, text=True).stdout; \
-	  p = pathlib.Path("README.md"); text = p.read_text(); \
+	  p = pathlib.Path("docs/engines.md"); text = p.read_text(); \
 	  p.write_text(re.sub(r"(<!-- spec table:[^\n]*-->\n).*?(\n<!-- end of spec table -->)", lambda m: m[1] + table.rstrip() + m[2], text, flags=re.S))'
 
 .PHONY: lint
