@@ -64,7 +64,7 @@ from app.runtime.distributed import (
     this_process,
 )
 from app.runtime.relaunch import relaunch
-from app.train import models
+from app.train import flops, models, precision
 from app.train.config import (
     COMM_HOOKS,
     DataConfig,
@@ -308,9 +308,23 @@ def _context(ctx: DistContext, scale: ScaleConfig, cfg: TrainConfig, sizes: tupl
         "dataset": cfg.data.dataset,
         "batch_per_rank": cfg.steps.batch_size * cfg.steps.accum_steps,
         "gradient_bytes": nbytes,
+        **_speed_of_light(cfg, ctx),
         "rounds": scale.rounds,
         "steps_per_round": scale.steps if cfg.data.dataset == "synthetic" else None,
     }
+
+
+def _speed_of_light(cfg: TrainConfig, ctx: DistContext) -> dict:
+    """On CUDA: one sample's training FLOPs and the GPU's bf16 peak (the report's TFLOP/s and MFU); nulls elsewhere."""
+    if ctx.device.type != "cuda":
+        return {"flops_per_sample": None, "peak_tflops": None, "peak_source": None}
+    data = prepare_data(for_world(cfg, ScaleConfig(), 1), ctx)
+    model = models.build(cfg.model.model, data.shape, data.num_classes).to(ctx.device)
+    n = cfg.steps.batch_size
+    x, y = data.train.x[:n].to(ctx.device), data.train.y[:n].to(ctx.device)
+    top = flops.peak(ctx.device)
+    per_sample = flops.per_sample(model, x, y, precision.make(cfg.model.precision, ctx.device))
+    return {"flops_per_sample": per_sample, "peak_tflops": top.tflops, "peak_source": top.source}
 
 
 def run(args: argparse.Namespace) -> int:
