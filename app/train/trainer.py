@@ -376,14 +376,16 @@ class Trainer:
         """Test loss and accuracy over all ranks, every test sample counted exactly once."""
         self.watch.doing = (watch.EVALUATION, self.pos.step)
         self.model.eval()
-        loss_sum, correct, count = 0.0, 0.0, 0.0
+        sums = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)  # loss, correct: read once, at the end
+        count = 0
         for x, y in eval_batches(self.test, self.rank, self.world, EVAL_BATCH, self.ctx.device):
             with self.precision.autocast():
                 logits = self.model(x)
-            loss_sum += F.cross_entropy(logits.float(), y, reduction="sum").item()
-            correct += (logits.argmax(dim=1) == y).sum().item()
+            sums[0] += F.cross_entropy(logits.float(), y, reduction="sum")
+            sums[1] += (logits.argmax(dim=1) == y).sum()
             count += y.shape[0]
         self.model.train()
+        loss_sum, correct = sums.tolist()
         loss_sum, correct, count = sync.all_sum([loss_sum, correct, count], self.ctx.device, self.ctx.group)
         return {
             "test_loss": loss_sum / max(count, 1),
