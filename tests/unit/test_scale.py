@@ -84,8 +84,9 @@ def test_sweep_is_every_hook_with_every_bucket_size() -> None:
     cfg = TrainConfig()
     assert list(variants(cfg, ScaleConfig())) == ["none, bucket 25 MiB"]
     swept = variants(cfg, ScaleConfig(sweep=True, sweep_buckets=(25.0, 0.01)))
-    assert len(swept) == 2 * len(COMM_HOOKS)
+    assert len(swept) == 2 * len(COMM_HOOKS) + 1
     assert swept["powersgd, bucket 0.01 MiB"].speed == SpeedConfig(comm_hook="powersgd", bucket_cap_mb=0.01)
+    assert swept["none, bucket 25 MiB, compile"].speed == SpeedConfig(compile=True)
 
 
 def _context(sizes=(1, 2, 4)) -> dict:

@@ -97,7 +97,7 @@ def _points(times: dict[int, dict], fit: ScalingFit | None, context: dict) -> li
 
 
 def _variant(name: str, speed: SpeedConfig, outcomes: dict[int, dict], link: Link | None, context: dict) -> dict:
-    found = {"name": name, "comm_hook": speed.comm_hook, "bucket_cap_mb": speed.bucket_cap_mb}
+    found = {"name": name, "comm_hook": speed.comm_hook, "bucket_cap_mb": speed.bucket_cap_mb, "compile": speed.compile}
     skipped = next((o["skipped"] for o in outcomes.values() if "skipped" in o), None)
     if skipped:
         return {**found, "skipped": skipped, "points": [], "fit": {"error": "skipped"}}
@@ -433,6 +433,7 @@ SCHEMA = {
                         "name": _field("string", "'HOOK, bucket MB MiB'."),
                         "comm_hook": _field("string", "--comm-hook."),
                         "bucket_cap_mb": _field("number", "--bucket-cap-mb."),
+                        "compile": _field("boolean", "--compile (torch.compile)."),
                         "skipped": _field(["string", "null"], "Why it could not run here (null: it ran)."),
                         "points": _field("array", "Per world size, ascending.", items=_POINT),
                         "fit": _FIT,
