@@ -54,6 +54,7 @@ from app.runtime.distributed import (
     this_process,
 )
 from app.runtime.relaunch import relaunch
+from app.topology.spec import Nodes
 from app.train import data, models, sync
 from app.train.config import DataConfig, ModelConfig, OutputConfig, SpeedConfig, StepsConfig, TrainConfig
 from app.train.report import Reporter, format_mfu
@@ -68,7 +69,7 @@ SEED_WORKERS = 4
 class BenchConfig:
     """Benchmark."""
 
-    nproc_per_node: int = 2
+    nproc_per_node: int = Nodes.nproc_per_node
     """Ranks to start with torchrun --standalone when run as one process."""
     samples: int = 8192
     """Synthetic training samples."""
