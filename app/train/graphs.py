@@ -3,7 +3,7 @@
     python -m app train --cuda-graphs --precision bf16 --batch-size 512          # one GPU
     torchrun --standalone --nproc-per-node 8 -m app train --cuda-graphs ...      # DDP on NCCL
 
-    step = GraphedStep(forward, optimizer, precision, device, side_stream)   # the Trainer builds it
+    step = GraphedStep(forward, optimizer, precision, side_stream, batch_size)   # the Trainer builds it
     loss = step(x, y)            # forward, backward, all-reduce, optimizer step; the loss, detached
 
 The graph holds every kernel of one optimizer step: the forward pass (autocast without its cast
@@ -49,8 +49,10 @@ class GraphedStep:
         optimizer: torch.optim.Optimizer,
         precision: str,
         stream: torch.cuda.Stream,
+        batch_size: int,
     ) -> None:
-        self.forward, self.optimizer, self.stream = forward, optimizer, stream
+        """batch_size: the full batch, the shape captured (shorter batches run eagerly)."""
+        self.forward, self.optimizer, self.stream, self.batch_size = forward, optimizer, stream, batch_size
         self.dtype = DTYPES.get(precision)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
@@ -75,7 +77,7 @@ class GraphedStep:
             labels.copy_(y)
             self.graph.replay()  # type: ignore[union-attr]
             return loss.clone()
-        if self.graph is None and self.eager_steps >= WARMUP_STEPS:
+        if self.graph is None and self.eager_steps >= WARMUP_STEPS and x.shape[0] == self.batch_size:
             return self._capture(x, y)
         return self._eager(x, y)
 

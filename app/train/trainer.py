@@ -155,7 +155,9 @@ class Trainer:
         self.optimizer = build_optimizer(
             o.optimizer, self.model.parameters(), o.lr, o.weight_decay, speed.optimizer_impl, bool(side)
         )
-        self.graphed = graphs.GraphedStep(self.forward, self.optimizer, cfg.model.precision, side) if side else None
+        self.graphed = (
+            graphs.GraphedStep(self.forward, self.optimizer, cfg.model.precision, side, s.batch_size) if side else None
+        )
         """--cuda-graphs: the whole step as one CUDA graph (forward, backward, all-reduce, optimizer)."""
         self.loader = TrainLoader(
             data.train, self.rank, self.world, s.batch_size, s.seed, ctx.device, speed.loader, cfg.data.workers, fmt

@@ -38,7 +38,8 @@ def test_check_with_nccl_on_every_local_gpu(tmp_path) -> None:
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_mixed_precision_learns_digits(tmp_path, precision: str) -> None:
-    done = run_single(["train", "--dataset", "digits", "--precision", precision, "--out", str(tmp_path), "--quiet"])
+    args = ["train", "--dataset", "digits", "--epochs", "20", "--precision", precision]
+    done = run_single([*args, "--out", str(tmp_path), "--quiet"])
     assert done.returncode == 0, done.stderr[-3000:]
     s = summary(tmp_path)
     assert s["precision"] == precision and s["device"] == "cuda:0" and s["test_accuracy"] >= 0.95, s
