@@ -70,6 +70,8 @@ class Reporter:
         self.tty = enabled and not quiet and self.stream.isatty()
         self.tensorboard, self.tensorboard_every = enabled and tensorboard, tensorboard_every
         self.scalars: scalars.Scalars | None = None
+        self._metrics: TextIO | None = None
+        """OUT/metrics.jsonl, open from the first record to ``close``."""
 
     @classmethod
     def of(cls, cfg: OutputConfig, enabled: bool) -> "Reporter":
@@ -81,10 +83,13 @@ class Reporter:
             print(line, file=self.stream, flush=True)
 
     def _append(self, record: dict) -> None:
-        if self.enabled:
+        """One line of metrics.jsonl: the file stays open (line-buffered: each record is one write, seen at once)."""
+        if not self.enabled:
+            return
+        if self._metrics is None:
             self.out.mkdir(parents=True, exist_ok=True)
-            with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(record) + "\n")
+            self._metrics = open(self.out / "metrics.jsonl", "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+        self._metrics.write(json.dumps(record) + "\n")
 
     def event(self, kind: str, **fields) -> None:
         """A record in metrics.jsonl, such as a resume or a checkpoint."""
@@ -140,10 +145,13 @@ class Reporter:
         print(format_summary(summary), file=self.stream, flush=True)
 
     def close(self) -> None:
-        """Flush and close the TensorBoard file, if one is open."""
+        """Flush and close the TensorBoard file and metrics.jsonl, if open."""
         if self.scalars is not None:
             self.scalars.close()
             self.scalars = None
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
 
     def __enter__(self) -> Self:
         return self
