@@ -9,6 +9,7 @@ them skip with one line naming DDP_K8S_SCHEMAS; under CI (CI=true) they fail ins
 
 import copy
 import os
+import re
 from functools import cache
 from pathlib import Path
 
@@ -131,4 +132,50 @@ def restricted_violations(pod: dict) -> list[str]:
             found.append(f"{where}: hostPort")
         if ctx.get("readOnlyRootFilesystem") is not True:
             found.append(f"{where}: root file system is writable")
+    return found
+
+
+_RFC1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+CEL_RULES = {
+    "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')": lambda o: bool(_RFC1035.match(o["metadata"]["name"])),
+    "size(self.metadata.name) <= 63": lambda o: len(o["metadata"]["name"]) <= 63,
+    "self >= 1": lambda v: v >= 1,
+    "[has(self.torch), has(self.mpi), has(self.jax), has(self.xgboost),has(self.flux)].filter(x, x).size() <= 1": (
+        lambda p: len({"torch", "mpi", "jax", "xgboost", "flux"} & set(p)) <= 1
+    ),
+    "!(has(self.startupPolicy) && self.startupPolicy.startupPolicyOrder == 'InOrder' && "
+    "self.replicatedJobs.exists(x, has(x.dependsOn)))": (
+        lambda s: (
+            not (
+                s.get("startupPolicy", {}).get("startupPolicyOrder") == "InOrder"
+                and any("dependsOn" in r for r in s.get("replicatedJobs", []))
+            )
+        )
+    ),
+}
+"""The CEL rules (``x-kubernetes-validations``) that the Trainer CRDs put on the fields our objects and
+Kubeflow's runtime use, each written out in Python: the API server evaluates them on create."""
+
+
+def cel_violations(schema: dict, instance, path: str = "") -> list[str]:
+    """The CEL rules of ``schema`` that ``instance`` breaks, as text; a rule not in CEL_RULES is reported
+    too (a refreshed CRD must not pass unchecked). Transition rules (``oldSelf``) apply on update only."""
+    found = []
+    for rule in schema.get("x-kubernetes-validations", []):
+        if "oldSelf" in rule["rule"]:
+            continue
+        check = CEL_RULES.get(rule["rule"])
+        if check is None:
+            found.append(f"{path or '.'}: a CEL rule this check cannot evaluate: {rule['rule']}")
+        elif not check(instance):
+            found.append(f"{path or '.'}: {rule.get('message', rule['rule'])}")
+    if isinstance(instance, dict):
+        extra = schema.get("additionalProperties")
+        for key, value in instance.items():
+            sub = schema.get("properties", {}).get(key, extra if isinstance(extra, dict) else None)
+            if sub is not None:
+                found += cel_violations(sub, value, f"{path}.{key}")
+    elif isinstance(instance, list) and "items" in schema:
+        for i, value in enumerate(instance):
+            found += cel_violations(schema["items"], value, f"{path}[{i}]")
     return found

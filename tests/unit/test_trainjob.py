@@ -1,11 +1,11 @@
 """Kubeflow Trainer v2 (``app topology --format trainjob|trainingruntime``), validated offline: the
 TrainJob and ClusterTrainingRuntime CRDs' openAPIV3Schema, strict (unknown fields refused, as
-``kubectl apply`` refuses them), with Kubeflow's own torch-distributed runtime as the control that
-real runtimes pass; the pods that Trainer makes of our TrainJob on our runtime and on
-torch-distributed (tests/unit/kube_trainer.py) against the API's schema and the "restricted" Pod
-Security Standard; what Trainer's webhook refuses; and the PET_* variables of its torch plugin read
-by torchrun's own parser. Each check also gets a broken input that it must refuse. The golden files
-and the built-in kinds: test_kube.py.
+``kubectl apply`` refuses them), and their CEL rules (written out in kube_checks.CEL_RULES), with
+Kubeflow's own torch-distributed runtime as the control that real runtimes pass; the pods that
+Trainer makes of our TrainJob on our runtime and on torch-distributed (tests/unit/kube_trainer.py)
+against the API's schema and the "restricted" Pod Security Standard; what Trainer's webhook refuses;
+and the PET_* variables of its torch plugin read by torchrun's own parser. Each check also gets a
+broken input that it must refuse. The golden files and the built-in kinds: test_kube.py.
 
     pytest tests/unit/test_trainjob.py             # the CRDs from ../shared/k8s, or DDP_K8S_SCHEMAS=DIR
 """
@@ -62,6 +62,34 @@ def test_kubeflows_own_runtime_passes_the_same_check(runtime_crd) -> None:
     """The control that the strict checker accepts a real runtime: Kubeflow's torch-distributed."""
     runtime = _kubeflow_runtime()
     assert runtime["metadata"]["name"] == "torch-distributed" and _errors(runtime_crd, runtime) == []
+    assert kube_checks.cel_violations(runtime_crd.schema, runtime) == []
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_crds_cel_rules_hold(shape: str, job_crd, runtime_crd) -> None:
+    assert kube_checks.cel_violations(job_crd.schema, _train_job(shape)) == []
+    assert kube_checks.cel_violations(runtime_crd.schema, _runtime(shape)) == []
+
+
+CEL_MISTAKES = {
+    "name not an RFC 1035 label": ("metadata.name", "1st-job", "must match RFC 1035"),
+    "name too long": ("metadata.name", "a" * 64, "no more than 63 characters"),
+    "no process per node": ("spec.trainer.numProcPerNode", 0, "numProcPerNode must be greater than or equal to 1"),
+}
+
+
+@pytest.mark.parametrize("mistake", CEL_MISTAKES)
+def test_the_cel_rules_refuse_a_broken_trainjob(mistake: str, job_crd) -> None:
+    path, value, message = CEL_MISTAKES[mistake]
+    assert _errors(job_crd, _set(_train_job("cpu"), path, value)) == []  # the schema alone lets it pass
+    assert message in " ".join(kube_checks.cel_violations(job_crd.schema, _set(_train_job("cpu"), path, value)))
+
+
+def test_the_cel_rules_refuse_two_ml_policies_and_unknown_rules(runtime_crd) -> None:
+    broken = _set(_runtime("cpu"), "spec.mlPolicy.mpi", {"numProcPerNode": 1})
+    assert "Only one of the policy" in " ".join(kube_checks.cel_violations(runtime_crd.schema, broken))
+    schema = {"x-kubernetes-validations": [{"rule": "self.size() > 0"}]}
+    assert "cannot evaluate: self.size() > 0" in " ".join(kube_checks.cel_violations(schema, "x"))
 
 
 PATCHED_POD = "spec.runtimePatches[0].trainingRuntimeSpec.template.spec.replicatedJobs[0].template.spec.template.spec"
