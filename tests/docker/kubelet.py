@@ -28,6 +28,17 @@ echo "shm=$(df -B1 --output=size /dev/shm | tail -1 | tr -d ' ')"
 echo "fqdn=$(python -c 'import socket; print(socket.getfqdn())')"
 """
 """What every pod must show (a shell script; each test adds its own lines): key=value words."""
+HARDENED = {
+    "root": "read-only",
+    "volumes": "writable",
+    "user": "1000:1000",
+    "groups": "1000",
+    "caps": "0000000000000000",
+    "nonewprivs": "1",
+    "shm": str(2**30),
+}
+"""PROBE's words in a pod of the default spec: it cannot write its root, runs as app without capabilities
+or a way to gain privileges, and has its volumes and a 1 GiB /dev/shm (the controls of each pod test)."""
 
 
 def probed(text: str) -> dict[str, str]:

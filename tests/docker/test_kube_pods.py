@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from .conftest import explain, run
-from .kubelet import PROBE, Pod, identity, pod_options, probed, remove, train_together
+from .kubelet import HARDENED, PROBE, Pod, identity, pod_options, probed, remove, train_together
 
 pytestmark = pytest.mark.docker
 
@@ -72,14 +72,8 @@ def test_the_jobs_pods_train_together_under_their_security_context(cpu_image, tm
         probe = run(pods[0].probe(PROBE + OWN_PROBE), 120)
         assert probe.returncode == 0, explain(probe)
         assert probed(probe.stdout) == {
-            "root": "read-only",
+            **HARDENED,
             "cluster": "read-only",
-            "volumes": "writable",
-            "user": "1000:1000",
-            "groups": "1000",
-            "caps": "0000000000000000",
-            "nonewprivs": "1",
-            "shm": str(2**30),
             "fqdn": f"{prefix}-0.{prefix}.default.svc.cluster.local",
             "args": "--nnodes=2",
         }, probe.stdout

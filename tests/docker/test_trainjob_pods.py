@@ -21,7 +21,7 @@ import yaml
 from tests.unit.kube_trainer import trainer_pods
 
 from .conftest import explain, run
-from .kubelet import PROBE, Pod, identity, pod_options, probed, remove, train_together
+from .kubelet import HARDENED, PROBE, Pod, identity, pod_options, probed, remove, train_together
 
 pytestmark = pytest.mark.docker
 
@@ -72,13 +72,7 @@ def test_the_trainjobs_pods_train_together_from_the_torch_plugins_variables(cpu_
         probe = run(pods[1].probe(PROBE + OWN_PROBE), 120)
         assert probe.returncode == 0, explain(probe)
         assert probed(probe.stdout) == {
-            "root": "read-only",
-            "volumes": "writable",
-            "user": "1000:1000",
-            "groups": "1000",
-            "caps": "0000000000000000",
-            "nonewprivs": "1",
-            "shm": str(2**30),
+            **HARDENED,
             "fqdn": f"{prefix}-node-0-1.{prefix}.default.svc.cluster.local",
             "pet": f"2,1,1,{prefix}-node-0-0.{prefix},29500",
         }, probe.stdout
