@@ -34,6 +34,8 @@ from app.errors import UsageError
 from app.topology import compose, kube, render, slurm, spec, sshkeys, trainjob
 from app.topology.spec import ClusterSpec, Host
 
+__doc__ = f"{__doc__}\n{trainjob.CANNOT_EXPRESS}"  # the --help epilog ends with Trainer v2's limits
+
 
 @dataclass(frozen=True)
 class Request:

@@ -3,7 +3,7 @@ ClusterTrainingRuntime it runs on (``--format trainingruntime``), for the same i
 hardening as the Indexed Job of ``--format k8s`` (whose pod parts ``kube`` builds for both).
 
     python -m app topology --format trainingruntime --output build/k8s/runtime.yaml
-    kubectl apply --server-side -f build/k8s/runtime.yaml              # once per cluster (cluster-scoped)
+    kubectl apply -f build/k8s/runtime.yaml                            # once per cluster (cluster-scoped)
     python -m app topology --nodes 2 --image REGISTRY/ddp-cluster:cpu --format trainjob --output build/k8s/trainjob.yaml
     kubectl apply -f build/k8s/trainjob.yaml
     kubectl -n default logs -f -l jobset.sigs.k8s.io/jobset-name=ddp-cluster,batch.kubernetes.io/job-completion-index=0
@@ -19,7 +19,18 @@ as PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK (the Job completion index), PET
 (``<name>-node-0-0.<name>``, pod 0 of the JobSet) and PET_MASTER_PORT (29500), which torchrun reads
 as its --nnodes, --nproc-per-node, --node-rank, --master-addr and --master-port: a static rendezvous.
 
-What Trainer v2 cannot express that the other renderings do:
+What Trainer v2 cannot express that the other renderings do: ``CANNOT_EXPRESS`` below, which
+``python -m app topology --help`` shows.
+"""
+
+from pathlib import Path
+
+from app.errors import UsageError
+from app.topology import kube, render
+from app.topology.spec import ClusterSpec
+
+CANNOT_EXPRESS = """\
+Kubeflow Trainer v2 (--format trainjob, trainingruntime) cannot express what the other renderings do:
 
 - Restarts: a TrainJob has no restart budget and torchrun runs without restarts (it has no elastic
   rendezvous here). ``--max-restarts N`` becomes the runtime's JobSet ``failurePolicy.maxRestarts``:
@@ -35,12 +46,7 @@ What Trainer v2 cannot express that the other renderings do:
   service-account token is mounted and a pod failure is retried by the Job's default backoffLimit.
 - A NetworkPolicy is no part of the API: it is rendered beside the TrainJob.
 """
-
-from pathlib import Path
-
-from app.errors import UsageError
-from app.topology import kube, render
-from app.topology.spec import ClusterSpec
+"""The limits of the Trainer v2 renderings, for ``app topology --help``."""
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 RUNTIME_KIND = "ClusterTrainingRuntime"

@@ -264,3 +264,10 @@ def test_the_patch_is_not_shared_between_renderings() -> None:
     before = copy.deepcopy(trainjob.train_job(spec))
     trainer_pods(trainjob.train_job(spec), trainjob.training_runtime(spec))
     assert trainjob.train_job(spec) == before
+
+
+def test_help_names_what_trainer_cannot_express() -> None:
+    done = _topology("--help")
+    assert done.returncode == 0 and trainjob.CANNOT_EXPRESS in done.stdout
+    for limit in ("failurePolicy.maxRestarts", "ElasticPolicy", "29500", "automountServiceAccountToken"):
+        assert limit in trainjob.CANNOT_EXPRESS
