@@ -8,7 +8,7 @@ and pod 0's address from PET_*; the pods rendezvous and train. Docker's DNS has 
 so the short name PET_MASTER_ADDR gives (``<job>-node-0-0.<job>``, which cluster DNS completes) is
 one more network alias of pod 0.
 
-Run: ``.venv/bin/python -m pytest tests/docker/test_trainjob_pods.py`` (about a minute once the image exists).
+Run: ``.venv/bin/python -m pytest tests/docker/test_trainjob_pods.py`` (about 70 s once the image exists).
 """
 
 import subprocess
