@@ -242,7 +242,7 @@ def test_a_script_is_shipped_in_a_config_map(tmp_path) -> None:
     config, _, job = [d for d in yaml.safe_load_all(done.stdout) if d]
     assert config["kind"] == "ConfigMap" and config["data"] == {"my_job.py": "print('hello')\n"}
     assert job["spec"]["trainer"]["command"] == ["torchrun", "/job/my_job.py", "--steps", "3"]
-    (pod, *_) = trainer_pods(job, _kubeflow_runtime())
+    (pod, *_) = trainer_pods(job, _runtime("cpu"))
     mount = {"name": "script", "mountPath": "/job", "readOnly": True}
     assert mount in pod.node["volumeMounts"]
     assert {"name": "script", "configMap": {"name": config["metadata"]["name"]}} in pod.spec["volumes"]
