@@ -3,9 +3,13 @@ SHELL = /usr/bin/env bash -o pipefail
 .SHELLFLAGS = -ec
 .DEFAULT_GOAL := help
 
+# Names, bases and pins of the images (docker/versions.env): each KEY=VALUE is a knob of its own,
+# set on the command line or in the environment like any other (make image-cpu TORCH_VERSION=...).
+$(foreach pair,$(shell grep -E '^[A-Z][A-Z0-9_]*=' docker/versions.env),\
+  $(eval $(firstword $(subst =, ,$(pair))) ?= $(patsubst $(firstword $(subst =, ,$(pair)))=%,%,$(pair))))
 PYTHON ?= python3
 VENV ?= .venv
-TORCH_SPEC ?= torch==2.13.0
+TORCH_SPEC ?= torch==$(TORCH_VERSION)
 PYTEST_ARGS ?=
 NPROC ?= 2
 PY := $(VENV)/bin/python
@@ -55,11 +59,8 @@ demo: venv ## Run the health check and a 2-process check on local processes (no 
 	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m app check
 
 .PHONY: readme-spec
-readme-spec: ## Rewrite README.md's table of the cluster spec's keys from the code (python -m app topology --format doc).
-	@PYTHONPATH=$(CURDIR) $(PYTHON) -c 'import re, subprocess, sys, pathlib; \
-	  table = subprocess.run([sys.executable, "-m", "app", "topology", "--format", "doc"], check=True, capture_output=True, text=True).stdout; \
-	  p = pathlib.Path("README.md"); text = p.read_text(); \
-	  p.write_text(re.sub(r"(<!-- spec table:[^\n]*-->\n).*?(\n<!-- end of spec table -->)", lambda m: m[1] + table.rstrip() + m[2], text, flags=re.S))'
+readme-spec: ## Rewrite the docs' table of the cluster spec's keys from the code (python -m app topology --format doc).
+	@PYTHONPATH=$(CURDIR) $(PYTHON) docs/spec_table.py
 
 .PHONY: lint
 lint: venv host-deps ## Lint: ruff (check + format), yamllint, ansible-lint (production), hadolint, shellcheck.

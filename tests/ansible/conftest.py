@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from imagebuild import versions
 
 from cluster.nodes import nodes
 
 ANSIBLE_DIR = nodes.REPO / "ansible"
-WORKLOAD_IMAGE = "ddp-cluster:cpu"
+WORKLOAD_IMAGE = f"{versions.read()['IMAGE_NAME']}:cpu"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
