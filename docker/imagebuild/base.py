@@ -1,6 +1,6 @@
 """The base image of the workload: upstream (pulled) or the local one (debootstrap), by BASE.
 
-    PYTHONPATH=docker python3 -m imagebuild base [--local-base ddp-cluster-base:bookworm]   # make base
+    PYTHONPATH=docker python3 -m imagebuild base [--local-base TAG]    # make base
 
 auto: the upstream base when present or pullable, else the local one; upstream or local force
 one. The local base stands in for python:X-slim: Debian (LOCAL_BASE_SUITE, minbase) with python3

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from .host import ROOT, BuildError, megabytes, say
+from .host import ROOT, BuildError, megabytes, run, say
 
 PINS = ROOT / "docker" / "requirements.txt"
 TOOLS = ROOT / "docker" / "build-requirements.txt"
@@ -103,7 +103,7 @@ def fill(request: Request) -> None:
     if up_to_date(out, digest):
         say("wheelhouse", f"{out} is up to date")
         return
-    if subprocess.run([str(request.pip_python), "-m", "pip", "--version"], capture_output=True).returncode != 0:
+    if run([str(request.pip_python), "-m", "pip", "--version"], timeout=120).returncode != 0:
         raise BuildError(f"'{request.pip_python} -m pip' does not run; pass --pip-python with a Python that has pip")
     start = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
