@@ -59,7 +59,7 @@ demo: venv ## Run the health check and a 2-process check on local processes (no 
 	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m app check
 
 .PHONY: readme-spec
-readme-spec: ## Rewrite the docs' table of the cluster spec's keys from the code (python -m app topology --format doc).
+readme-spec: ## Rewrite the table of the cluster spec's keys (docs/engines.md) from the code (python -m app topology --format doc).
 	@PYTHONPATH=$(CURDIR) $(PYTHON) docs/spec_table.py
 
 .PHONY: lint

@@ -16,7 +16,7 @@ restart policy brings back one that crashed; one stopped by hand is started here
 job resuming from its last checkpoint. Tracebacks, C++ frames, torchrun's banners and every
 node's output go to build/cluster/<name>.log (``--verbose`` prints them too).
 
-What the user sees of a failure (README.md, "Faults and recovery"):
+What the user sees of a failure (docs/faults.md):
 - one line per restart, once the job runs again: which node or rank failed and why (signal or
   exit status, or the ranks that stopped answering), the step it resumed from and the steps lost:
   ``cluster: restart 1: ddp-cluster-worker-1 (ranks 2-3) stopped with signal 9 (SIGKILL); resumed

@@ -70,7 +70,7 @@ def _json(req: Request) -> str:
 
 
 def _doc(_req: Request) -> str:
-    """The spec's fields as a Markdown table: README.md's 'The cluster spec' holds exactly this."""
+    """The spec's fields as a Markdown table: docs/engines.md's 'The cluster spec' holds exactly this."""
     lines = ["| key | flag | default | used by | meaning |", "| --- | --- | --- | --- | --- |"]
     for section, cls in spec.SECTIONS.items():
         helps = flags.docstrings(cls)
@@ -116,7 +116,7 @@ FORMATS: dict[str, tuple[Renderer, str]] = {
     "ssh-keys": (_ssh_keys, "this cluster's SSH user and host keys, made once (--output-dir)"),
     "k8s": (lambda r: kube.render_k8s(r.spec), "Kubernetes: Indexed Job, headless Service, ConfigMap, NetworkPolicy"),
     "pytorchjob": (lambda r: kube.render_pytorchjob(r.spec), "Kubernetes: a Kubeflow PyTorchJob and a NetworkPolicy"),
-    "doc": (_doc, "the spec's keys as a Markdown table (README.md)"),
+    "doc": (_doc, "the spec's keys as a Markdown table (docs/engines.md)"),
 }
 """Every format: its renderer (text, or files by name for --output-dir) and one line of help."""
 
