@@ -202,3 +202,12 @@ def test_the_makefile_takes_the_versions_as_overridable_knobs() -> None:
 
 def test_the_spec_names_the_image_that_make_builds() -> None:
     assert Job().image == f"{versions.read()['IMAGE_NAME']}:cpu"
+
+
+def test_a_python_that_does_not_run_is_one_line_before_the_builder() -> None:
+    cmd = ["make", "--no-print-directory", "-s", "image-cpu", "PYTHON=no-such-python3"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    first, *rest = done.stderr.splitlines()
+    assert first == "error: PYTHON=no-such-python3 does not run; install Python 3.11+ or pass PYTHON=/path/to/python3"
+    assert all(line.startswith("make: ***") for line in rest), done.stderr
