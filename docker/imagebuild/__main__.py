@@ -12,7 +12,8 @@ Bad flags: one line `error: ...` and exit status 2; a step that fails: one line 
 
 import sys
 
-if sys.version_info < (3, 11):  # noqa: UP036 (the host's python3 may be older) before anything newer is parsed: one line, as for any bad input
+# The host's python3 may be older than the project's floor: one line, before anything newer is parsed.
+if sys.version_info < (3, 11):  # noqa: UP036
     print(
         f"error: {sys.executable} is Python {sys.version.split()[0]}; the image build needs 3.11 or newer "
         "(make ... PYTHON=python3.11)",
