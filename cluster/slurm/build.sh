@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the Slurm mini-cluster's image FROM a workload image, once per workload image.
 #
-#   cluster/slurm/build.sh [--workload IMAGE_NAME:cpu] [--tag ddp-cluster-slurm:bookworm]
+#   cluster/slurm/build.sh --workload ddp-cluster:cpu --tag ddp-cluster-slurm:bookworm     (make slurm-image)
 #
 # The image is labelled with the workload image's id and a digest of this folder's build files:
 # while both are unchanged the build is skipped (a second `make slurm-image` costs a second);
@@ -9,11 +9,8 @@
 # packages over plain http.
 set -euo pipefail
 
-here=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source=/dev/null  # docker/versions.env: KEY=VALUE lines
-. "$here/../../docker/versions.env"
-workload=$IMAGE_NAME:cpu
-tag=ddp-cluster-slurm:bookworm
+workload=
+tag=
 while (($#)); do
     case "$1" in
         --workload) workload=$2; shift 2 ;;
@@ -22,6 +19,8 @@ while (($#)); do
         *) echo "error: unknown argument '$1'; see $0 --help" >&2; exit 2 ;;
     esac
 done
+[[ -n $workload && -n $tag ]] || { echo "error: give --workload IMAGE and --tag IMAGE (make slurm-image does)" >&2; exit 2; }
+here=$(cd "$(dirname "$0")" && pwd)
 label=org.ddp-cluster.workload
 docker info >/dev/null 2>&1 || { echo "error: no Docker engine answers; run 'make engine' first" >&2; exit 2; }
 source_id=$(docker image inspect --format '{{.Id}}' "$workload" 2>/dev/null) \

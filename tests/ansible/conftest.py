@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from imagebuild import versions
 
+from app.topology.spec import Job
 from cluster.nodes import nodes
 
 ANSIBLE_DIR = nodes.REPO / "ansible"
-WORKLOAD_IMAGE = f"{versions.read()['IMAGE_NAME']}:cpu"
+WORKLOAD_IMAGE = Job.image
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
