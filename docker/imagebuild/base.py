@@ -40,10 +40,12 @@ def present_or_pulled(docker: Docker) -> Callable[[str, float], bool]:
     return lambda image, seconds: docker.present(image) or docker.pulled(image, seconds)
 
 
-def ensure_local(tag: str, suite: str, mirror: str, docker: Docker) -> None:
-    """The local base TAG, built when missing."""
-    if not docker.present(tag):
-        build_local(tag, suite, mirror, docker)
+def ensure_local(tag: str, suite: str, mirror: str, docker: Docker) -> bool:
+    """The local base TAG, built when missing; True when it was."""
+    if docker.present(tag):
+        return False
+    build_local(tag, suite, mirror, docker)
+    return True
 
 
 def build_local(tag: str, suite: str, mirror: str, docker: Docker) -> None:
