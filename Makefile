@@ -5,8 +5,9 @@ SHELL = /usr/bin/env bash -o pipefail
 
 # Names, bases and pins of the images (docker/versions.env): each KEY=VALUE is a knob of its own,
 # set on the command line or in the environment like any other (make image-cpu TORCH_VERSION=...).
-$(foreach pair,$(shell grep -E '^[A-Z][A-Z0-9_]*=' docker/versions.env),\
-  $(eval $(firstword $(subst =, ,$(pair))) ?= $(patsubst $(firstword $(subst =, ,$(pair)))=%,%,$(pair))))
+# (Read with bash builtins only: make runs where PATH holds little more than bash and python3.)
+VERSIONS := $(shell while read -r line; do [[ $$line == [A-Z]*=* ]] && echo "$$line"; done < docker/versions.env)
+$(foreach pair,$(VERSIONS),$(eval $(firstword $(subst =, ,$(pair))) ?= $(patsubst $(firstword $(subst =, ,$(pair)))=%,%,$(pair))))
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==$(TORCH_VERSION)
