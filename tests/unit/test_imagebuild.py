@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from imagebuild import base, image, versions, wheelhouse
+from imagebuild import base, engine, image, versions, wheelhouse
 from imagebuild.host import BuildError
 
 from app.topology.spec import Job
@@ -211,3 +211,36 @@ def test_a_python_that_does_not_run_is_one_line_before_the_builder() -> None:
     first, *rest = done.stderr.splitlines()
     assert first == "error: PYTHON=no-such-python3 does not run; install Python 3.11+ or pass PYTHON=/path/to/python3"
     assert all(line.startswith("make: ***") for line in rest), done.stderr
+
+
+class Engine:
+    """An engine that answers from the Nth question on (never, when N is None)."""
+
+    def __init__(self, answers_from: int | None) -> None:
+        self.answers_from, self.asked = answers_from, 0
+
+    def answers(self) -> bool:
+        self.asked += 1
+        return self.answers_from is not None and self.asked >= self.answers_from
+
+
+def dockerd_running(monkeypatch, running: bool) -> None:
+    status = 0 if running else 1
+    monkeypatch.setattr(engine, "run", lambda cmd, timeout=None: subprocess.CompletedProcess(cmd, status, "", ""))
+
+
+def test_engine_readiness_waits_for_a_running_dockerd(monkeypatch) -> None:
+    dockerd_running(monkeypatch, True)
+    engine.start_engine(Engine(answers_from=1), timeout_s=5)  # answers: nothing to do
+    slow = Engine(answers_from=3)
+    engine.start_engine(slow, timeout_s=30)
+    assert slow.asked == 3
+    with pytest.raises(BuildError, match="dockerd did not answer within 1 s"):
+        engine.start_engine(Engine(answers_from=None), timeout_s=1)
+
+
+def test_engine_not_running_without_root_names_the_fix(monkeypatch) -> None:
+    dockerd_running(monkeypatch, False)
+    monkeypatch.setattr(engine, "is_root", lambda: False)
+    with pytest.raises(BuildError, match="the Docker engine is not running; start it"):
+        engine.start_engine(Engine(answers_from=None), timeout_s=1)
