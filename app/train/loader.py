@@ -1,8 +1,10 @@
 """Batches for one rank: DistributedSampler's order, resumable at any batch of an epoch.
 
-``memory`` (default) indexes whole batches from the in-memory tensors (no per-sample collation);
+``memory`` (default) keeps the whole split on the rank's device (on a GPU: copied there once, so a
+step makes no host-to-device copy) and indexes whole batches from it (no per-sample collation);
 ``dataloader`` is torch's DataLoader over a TensorDataset with the same indices as its sampler,
-worker processes and pinned memory on GPU. Both give the same samples in the same order.
+worker processes and pinned memory on GPU. Both give the same samples in the same order, in the
+memory format the model asks for (``channels_last`` for conv models on CUDA: ``models.memory_format``).
 
 The order is DistributedSampler's: one shuffle of the whole set per epoch (its generator, seeded
 with seed + epoch, whatever the world size), padded with its first samples, dealt out round robin
@@ -59,11 +61,12 @@ class TrainLoader:
         device: torch.device,
         kind: str = "memory",
         workers: int = 0,
+        memory_format: torch.memory_format = torch.contiguous_format,
         accum_steps: int = 1,
     ) -> None:
         self.rank, self.world, self.batch_size, self.seed = rank, world, batch_size, seed
-        self.device, self.kind, self.workers = device, kind, workers
-        self.split = split if kind == "dataloader" else Split(split.x.to(device), split.y.to(device))
+        self.device, self.kind, self.workers, self.memory_format = device, kind, workers, memory_format
+        self.split = split if kind == "dataloader" else on_device(split, device, memory_format)
         self.global_batch = batch_size * world * accum_steps
         """Samples per optimizer step; the epoch is padded to a whole number of them."""
         self.samples_per_rank = math.ceil(len(split) / self.global_batch) * self.global_batch // world
@@ -86,7 +89,12 @@ class TrainLoader:
         order = self.order(epoch).to(self.device)
         for i in range(start, len(self)):
             idx = order[i * self.batch_size : (i + 1) * self.batch_size]
-            yield self.split.x.index_select(0, idx), self.split.y.index_select(0, idx)
+            yield self._take(self.split.x, idx), self.split.y.index_select(0, idx)
+
+    def _take(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """Rows ``idx`` of ``x``: index_select (fastest; its result is contiguous) or, for channels_last,
+        advanced indexing (keeps the format: no conversion copy per batch)."""
+        return x.index_select(0, idx) if self.memory_format == torch.contiguous_format else x[idx]
 
     def _dataloader(self, epoch: int) -> Iterator[Batch]:
         dataset = TensorDataset(self.split.x, self.split.y)
@@ -96,11 +104,22 @@ class TrainLoader:
             dataset, batch_size=self.batch_size, sampler=sampler, num_workers=self.workers, pin_memory=pin
         )
         for x, y in loader:
-            yield x.to(self.device, non_blocking=pin), y.to(self.device, non_blocking=pin)
+            x = x.to(self.device, non_blocking=pin, memory_format=self.memory_format)
+            yield x, y.to(self.device, non_blocking=pin)
+
+
+def on_device(
+    split: Split, device: torch.device, memory_format: torch.memory_format = torch.contiguous_format
+) -> Split:
+    """``split`` copied once to ``device``, images in ``memory_format`` (4-d images only; others stay as they are)."""
+    x = split.x.to(device)
+    if x.dim() == 4:
+        x = x.contiguous(memory_format=memory_format)
+    return Split(x, split.y.to(device))
 
 
 def eval_batches(split: Split, rank: int, world: int, batch_size: int, device: torch.device) -> Iterator[Batch]:
-    """This rank's evaluation batches (see ``eval_indices``)."""
-    idx = eval_indices(len(split), rank, world)
+    """This rank's evaluation batches (see ``eval_indices``); ``split`` may already be on ``device``."""
+    idx = eval_indices(len(split), rank, world).to(split.x.device)
     for chunk in idx.split(batch_size):
         yield split.x[chunk].to(device), split.y[chunk].to(device)
