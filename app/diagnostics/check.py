@@ -23,24 +23,37 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.distributed as dist
 
+from app import flags
 from app.atomic import atomic_write_text
 from app.diagnostics import doctor
 from app.errors import ClusterError, UsageError, first_line
-from app.runtime import launcher
-from app.runtime.distributed import DistContext, add_dist_arguments, dist_config_from_args, process_group
+from app.flags import flag
+from app.runtime.distributed import DistConfig, DistContext, process_group, this_process
 
 FAULT_OFFSET = 1000.0
 """Added by --inject-fault to the value a rank sends, so the check must catch it."""
 
 
+def parse_fault(text: str) -> tuple[str, int]:
+    """``all_reduce_sum@1`` -> ("all_reduce_sum", 1)."""
+    op, sep, rank = text.partition("@")
+    if not sep or not rank.isdigit():
+        raise UsageError(f"--inject-fault {text!r} must look like all_reduce_sum@1")
+    return op, int(rank)
+
+
 @dataclass(frozen=True)
 class CheckConfig:
-    """What the check sends."""
+    """Check: what it sends, where it reports."""
 
     numel: int = 4096
     """Elements per rank in each collective."""
-    faults: tuple[tuple[str, int], ...] = ()
-    """(operation, rank) pairs: that rank sends a wrong value in that operation (to test the check)."""
+    faults: tuple[tuple[str, int], ...] = field(
+        default=(), metadata=flag(parse=parse_fault, option="--inject-fault", metavar="OP@RANK", repeat=True)
+    )
+    """Make RANK send a wrong value in OP, to prove the check catches it (repeatable)."""
+    json: str | None = field(default=None, metadata=flag(metavar="PATH"))
+    """Also write the report as JSON to PATH ('-' for stdout)."""
 
     def __post_init__(self) -> None:
         if self.numel < 1:
@@ -312,41 +325,25 @@ def summary(report: dict) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m app check``."""
-    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH ('-' for stdout)")
-    parser.add_argument("--numel", type=int, default=4096, help="elements per rank in each collective (default 4096)")
-    parser.add_argument(
-        "--inject-fault",
-        metavar="OP@RANK",
-        action="append",
-        default=[],
-        help="make RANK send a wrong value in OP, to prove the check catches it (repeatable)",
-    )
-    add_dist_arguments(parser)
-
-
-def _parse_fault(text: str) -> tuple[str, int]:
-    op, sep, rank = text.partition("@")
-    if not sep or not rank.isdigit():
-        raise UsageError(f"--inject-fault {text!r} must look like all_reduce_sum@1")
-    return op, int(rank)
+    flags.add_arguments(parser, CheckConfig)
+    flags.add_arguments(parser, DistConfig)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the check on this rank; rank 0 reports. Exit 0 only when every operation verified."""
-    cfg = CheckConfig(numel=args.numel, faults=tuple(map(_parse_fault, args.inject_fault)))
-    dist_cfg = dist_config_from_args(args)
-    proc = launcher.detect(need_master=dist_cfg.init_method is None)
+    cfg, dist_cfg = flags.from_args(CheckConfig, args), flags.from_args(DistConfig, args)
+    proc = this_process(dist_cfg)
     diagnosis = doctor.preflight(proc, dist_cfg, announce=False)
     with process_group(proc, dist_cfg) as ctx:
         report = build_report(ctx, cfg, diagnosis)
     if proc.is_main:
-        if args.json == "-":
+        if cfg.json == "-":
             json.dump(report, sys.stdout, indent=2)
             print()
         else:
             print(format_table(report), flush=True)
-            if args.json:
-                atomic_write_text(args.json, json.dumps(report, indent=2) + "\n")
+            if cfg.json:
+                atomic_write_text(cfg.json, json.dumps(report, indent=2) + "\n")
         if not report["ok"]:
             raise ClusterError(f"check failed: {summary(report)}")
     return 0 if report["ok"] else 1

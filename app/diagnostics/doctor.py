@@ -40,16 +40,17 @@ import contextlib
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
-from urllib.parse import urlparse
 
 import torch.distributed as dist
 
+from app import flags
 from app.atomic import atomic_write_text
 from app.errors import ClusterError, UsageError, first_line
+from app.flags import flag
 from app.runtime import launcher, network
-from app.runtime.distributed import DistConfig, add_dist_arguments, dist_config_from_args, rendezvous_store
+from app.runtime.distributed import DistConfig, job_store, rendezvous_endpoint, this_process
 from app.runtime.launcher import ProcessInfo
 
 RESOLVE_TIMEOUT_S = 4.0
@@ -104,16 +105,6 @@ class Diagnosis:
 
     def failure(self) -> Finding | None:
         return next((f for f in self.findings if f.status == FAILED), None)
-
-
-def endpoint(proc: ProcessInfo, cfg: DistConfig) -> tuple[str, int] | None:
-    """The rendezvous host and port, or None (one process, or a file:// rendezvous)."""
-    if proc.world_size == 1 or (cfg.init_method or "").startswith("file://"):
-        return None
-    if (cfg.init_method or "").startswith("tcp://"):
-        url = urlparse(cfg.init_method)
-        return url.hostname or "", url.port or proc.master_port
-    return proc.master_addr or "", proc.master_port
 
 
 def check_world(diag: Diagnosis, proc: ProcessInfo) -> None:
@@ -293,7 +284,7 @@ def diagnose(proc: ProcessInfo, cfg: DistConfig, net: Network | None = None) -> 
     """Run every check of this rank, in bounded time (a missing named interface raises UsageError)."""
     net = net or Network()
     diag = Diagnosis(proc.rank, proc.host)
-    where = endpoint(proc, cfg)
+    where = rendezvous_endpoint(proc, cfg)
     check_world(diag, proc)
     check_master_address(diag, proc, where, net)
     check_interface(diag, proc, cfg, net)
@@ -368,11 +359,7 @@ def merge(views: list[dict]) -> list[Finding]:
 def gather(proc: ProcessInfo, cfg: DistConfig, mine: dict) -> list[dict] | None:
     """Every rank's view on rank 0 (None elsewhere), through the rendezvous store; missing ranks are left out."""
     timeout = timedelta(seconds=cfg.timeout_s)
-    if (cfg.init_method or "").startswith("file://"):
-        base = dist.FileStore(cfg.init_method.removeprefix("file://"), proc.world_size)
-    else:
-        host, port = endpoint(proc, cfg) or ("", proc.master_port)
-        base = rendezvous_store(replace(proc, master_addr=host, master_port=port), timeout)
+    base = job_store(proc, cfg)
     store = dist.PrefixStore("doctor", base)
     store.set(f"rank{proc.rank}", json.dumps(mine))
     if not proc.is_main:
@@ -394,7 +381,7 @@ def build_report(proc: ProcessInfo, cfg: DistConfig, views: list[dict], gathered
         )
     elif missing:
         findings.append(Finding("report", SKIPPED, "rank 0's view only: it could not reach the rendezvous store"))
-    where = endpoint(proc, cfg)
+    where = rendezvous_endpoint(proc, cfg)
     return {
         "ok": all(f.status != FAILED for f in findings),
         "world_size": proc.world_size,
@@ -435,10 +422,18 @@ def summary(report: dict) -> str:
     return "; ".join(f"{c['check']}: {c['detail']}" for c in report["checks"] if c["status"] == FAILED)
 
 
+@dataclass(frozen=True)
+class DoctorConfig:
+    """Doctor: where it reports."""
+
+    json: str | None = field(default=None, metadata=flag(metavar="PATH"))
+    """Also write the report as JSON to PATH ('-' for stdout)."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m app doctor``."""
-    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH ('-' for stdout)")
-    add_dist_arguments(parser)
+    flags.add_arguments(parser, DoctorConfig)
+    flags.add_arguments(parser, DistConfig)
 
 
 def _print(report: dict, json_path: str | None) -> None:
@@ -453,8 +448,8 @@ def _print(report: dict, json_path: str | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Diagnose this rank; gather every rank's view on rank 0, which prints the table. 0 ok, 1 a check failed."""
-    cfg = dist_config_from_args(args)
-    proc = launcher.detect(need_master=cfg.init_method is None)
+    cfg = flags.from_args(DistConfig, args)
+    proc = this_process(cfg)
     diag = diagnose(proc, cfg)
     mine = view(diag, proc)
     views = None
@@ -467,7 +462,7 @@ def run(args: argparse.Namespace) -> int:
     failed = diag.failure()
     if proc.is_main:
         report = build_report(proc, cfg, views or [mine], gathered=views is not None)
-        _print(report, args.json)
+        _print(report, flags.from_args(DoctorConfig, args).json)
         if not report["ok"]:  # this rank's own failure first; else the others', each naming its rank
             raise ClusterError(failed.detail if failed else f"doctor: {summary(report)}")
         return 0

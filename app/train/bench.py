@@ -38,9 +38,8 @@ from app import flags, progress
 from app.atomic import atomic_write_text
 from app.errors import UsageError
 from app.runtime.distributed import (
+    DistConfig,
     DistContext,
-    add_dist_arguments,
-    dist_config_from_args,
     first_ranks,
     process_group,
     this_process,
@@ -88,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m app bench``: its own, app train's DDP and speed settings, the process group's."""
     flags.add_arguments(parser, BenchConfig)
     flags.add_arguments(parser, SpeedConfig)
-    add_dist_arguments(parser)
+    flags.add_arguments(parser, DistConfig)
 
 
 def train_config(bench: BenchConfig, speed: SpeedConfig) -> TrainConfig:
@@ -256,7 +255,7 @@ def format_report(r: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Relaunch under torchrun when alone, else measure on these ranks; rank 0 reports."""
-    bench, dist_cfg = flags.from_args(BenchConfig, args), dist_config_from_args(args)
+    bench, dist_cfg = flags.from_args(BenchConfig, args), flags.from_args(DistConfig, args)
     cfg = train_config(bench, flags.from_args(SpeedConfig, args))
     proc = this_process(dist_cfg)
     if proc.world_size == 1 and bench.nproc_per_node > 1:

@@ -11,8 +11,6 @@ from app.errors import ClusterError, first_line
 from app.runtime.distributed import (
     DistConfig,
     DistContext,
-    add_dist_arguments,
-    dist_config_from_args,
     process_group,
     this_process,
 )
@@ -28,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.usage = "%(prog)s [--dataset digits] [--model mlp] [--epochs N] [--out DIR] [--resume auto] [options]"
     for section in SECTIONS.values():
         flags.add_arguments(parser, section)
-    add_dist_arguments(parser)
+    flags.add_arguments(parser, DistConfig)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -92,7 +90,7 @@ def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], N
 
 def run(args: argparse.Namespace) -> int:
     """Train on this rank; rank 0 prints and writes. Exit 0 when parameters ended identical everywhere."""
-    summary = train(config_from_args(args), dist_config_from_args(args))
+    summary = train(config_from_args(args), flags.from_args(DistConfig, args))
     if not summary["params_identical"]:
         raise ClusterError(
             f"parameters differ across ranks after training (max difference "

@@ -56,9 +56,8 @@ from app.atomic import atomic_write_text
 from app.errors import UsageError
 from app.flags import flag
 from app.runtime.distributed import (
+    DistConfig,
     DistContext,
-    add_dist_arguments,
-    dist_config_from_args,
     first_ranks,
     process_group,
     this_process,
@@ -173,7 +172,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         flags.add_arguments(parser, section)
     flags.add_arguments(parser, StepsConfig, exclude=EXCLUDED_STEPS)
     flags.add_arguments(parser, SpeedConfig)
-    add_dist_arguments(parser)
+    flags.add_arguments(parser, DistConfig)
 
 
 def train_config(scale: ScaleConfig, args: argparse.Namespace) -> TrainConfig:
@@ -315,7 +314,7 @@ def _context(ctx: DistContext, scale: ScaleConfig, cfg: TrainConfig, sizes: tupl
 
 def run(args: argparse.Namespace) -> int:
     """Relaunch under torchrun when alone, else measure on these ranks; rank 0 reports."""
-    scale, dist_cfg = flags.from_args(ScaleConfig, args), dist_config_from_args(args)
+    scale, dist_cfg = flags.from_args(ScaleConfig, args), flags.from_args(DistConfig, args)
     if scale.print_schema:
         print(json.dumps(scale_report.SCHEMA, indent=2))
         return 0
