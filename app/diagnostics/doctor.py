@@ -21,6 +21,9 @@ Every rank runs these checks; each is ok, failed or skipped (not applicable), wi
                   host's name: it must not be loopback (Debian's 127.0.1.1)
   port            rank 0 can bind MASTER_PORT, and MASTER_ADDR leads back to it; the others connect
                   to it, retrying until --timeout (under torchrun every rank connects to its agent's store)
+  gpus, shm,      the GPU side (app/diagnostics/gpus.py): visible GPUs against local ranks (--backend
+  cuda, nccl      nccl with too few: exit 2), /dev/shm size under nccl, the driver's CUDA version
+                  against torch's, the NCCL version
   same_master     (app doctor, app check) every rank resolved MASTER_ADDR to the same address
 
 ``app check`` and ``app train`` run the same checks before they start their process group
@@ -47,9 +50,12 @@ import torch.distributed as dist
 
 from app import flags
 from app.atomic import atomic_write_text
+from app.diagnostics import gpus
+from app.diagnostics.findings import FAILED, OK, SKIPPED, Finding
 from app.errors import ClusterError, UsageError, first_line
 from app.flags import flag
-from app.runtime import launcher, network
+from app.runtime import devices, launcher, network
+from app.runtime.devices import NodeDevices
 from app.runtime.distributed import DistConfig, job_store, rendezvous_endpoint, this_process
 from app.runtime.launcher import ProcessInfo
 
@@ -57,18 +63,7 @@ RESOLVE_TIMEOUT_S = 4.0
 """Longest wait for a name lookup: an unresolvable MASTER_ADDR fails in under 5 s."""
 SELF_REACH_TIMEOUT_S = 3.0
 """Longest wait for rank 0's own connection back to itself through MASTER_ADDR."""
-CHECKS = ("world", "master_address", "interface", "host_name", "port", "same_master")
-OK, FAILED, SKIPPED = "ok", "failed", "skipped"
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One check on one rank."""
-
-    check: str
-    status: str
-    """ok, failed or skipped (not applicable to this job)."""
-    detail: str
+CHECKS = ("world", "master_address", "interface", "host_name", "port", *gpus.CHECKS, "same_master")
 
 
 @dataclass(frozen=True)
@@ -280,8 +275,13 @@ def _serve(diag: Diagnosis, proc: ProcessInfo, host: str, port: int) -> None:
         )
 
 
-def diagnose(proc: ProcessInfo, cfg: DistConfig, net: Network | None = None) -> Diagnosis:
-    """Run every check of this rank, in bounded time (a missing named interface raises UsageError)."""
+def diagnose(
+    proc: ProcessInfo, cfg: DistConfig, net: Network | None = None, found: NodeDevices | None = None
+) -> Diagnosis:
+    """Run every check of this rank, in bounded time (a missing named interface raises UsageError).
+
+    found: this node's GPU facts (probed here when not given; tests give their own).
+    """
     net = net or Network()
     diag = Diagnosis(proc.rank, proc.host)
     where = rendezvous_endpoint(proc, cfg)
@@ -290,15 +290,23 @@ def diagnose(proc: ProcessInfo, cfg: DistConfig, net: Network | None = None) -> 
     check_interface(diag, proc, cfg, net)
     check_host_name(diag, proc, net)
     check_port(diag, proc, where, cfg.timeout_s)
+    diag.findings += gpus.diagnose(proc, cfg.backend, found or devices.probe())
     return diag
 
 
-def preflight(proc: ProcessInfo, cfg: DistConfig, *, announce: bool = True, net: Network | None = None) -> Diagnosis:
+def preflight(
+    proc: ProcessInfo,
+    cfg: DistConfig,
+    *,
+    announce: bool = True,
+    net: Network | None = None,
+    found: NodeDevices | None = None,
+) -> Diagnosis:
     """Diagnose before the process group starts; export a chosen interface; a failed check raises ClusterError.
 
     announce: rank 0 prints the interface it chose (one line), when it chose one.
     """
-    diag = diagnose(proc, cfg, net)
+    diag = diagnose(proc, cfg, net, found)
     failed = diag.failure()
     if failed is not None:
         raise ClusterError(failed.detail)
