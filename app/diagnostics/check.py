@@ -25,9 +25,10 @@ import torch.distributed as dist
 
 from app import flags
 from app.atomic import atomic_write_text
-from app.diagnostics import doctor
+from app.diagnostics import doctor, health, outliers
 from app.errors import ClusterError, UsageError, first_line
 from app.flags import flag
+from app.runtime import devices
 from app.runtime.distributed import DistConfig, DistContext, process_group, this_process
 
 FAULT_OFFSET = 1000.0
@@ -54,10 +55,20 @@ class CheckConfig:
     """Make RANK send a wrong value in OP, to prove the check catches it (repeatable)."""
     json: str | None = field(default=None, metadata=flag(metavar="PATH"))
     """Also write the report as JSON to PATH ('-' for stdout)."""
+    device_seconds: float = field(default=2.0, metadata=flag(metavar="S"))
+    """Seconds each rank spends measuring its device (matrix product, then copy), all at once; 0 skips it."""
+    k: float = outliers.DEFAULT_K
+    """A rank's device is slow below median / s^k over the ranks (the outlier rule of app links)."""
+    fail_below: float | None = field(default=None, metadata=flag(metavar="FRACTION"))
+    """Exit status 1 when a rank's FLOP/s or copy GB/s is below FRACTION x the median."""
 
     def __post_init__(self) -> None:
         if self.numel < 1:
             raise UsageError(f"--numel {self.numel} must be >= 1")
+        if self.device_seconds < 0:
+            raise UsageError(f"--device-seconds {self.device_seconds:g} must be >= 0 (0 skips the device health)")
+        outliers.check_k(self.k)
+        outliers.check_fraction(self.fail_below)
         for op, _ in self.faults:
             if op not in VALUE_OPERATIONS:
                 raise UsageError(f"--inject-fault {op!r}: the operation must be one of {', '.join(VALUE_OPERATIONS)}")
@@ -230,6 +241,7 @@ def merge(per_rank: list[list[OpResult]]) -> list[OpResult]:
 
 def _rank_info(ctx: DistContext) -> dict:
     p = ctx.proc
+    name, memory = devices.describe(ctx.device)
     return {
         "rank": p.rank,
         "local_rank": p.local_rank,
@@ -237,7 +249,17 @@ def _rank_info(ctx: DistContext) -> dict:
         "host": p.host,
         "device": str(ctx.device),
         "backend": ctx.backend,
+        "device_name": name,
+        "device_memory_bytes": memory,
     }
+
+
+def _device_health(ctx: DistContext, cfg: CheckConfig) -> dict | None:
+    """This rank's device figures, measured while every other rank measures its own (None: skipped)."""
+    if cfg.device_seconds <= 0:
+        return None
+    dist.barrier()
+    return asdict(health.measure(ctx.device, cfg.device_seconds))
 
 
 def _gather(ctx: DistContext, local: dict) -> list[dict] | None:
@@ -259,7 +281,8 @@ def build_report(ctx: DistContext, cfg: CheckConfig, diagnosis: doctor.Diagnosis
     """
     found = doctor.view(diagnosis, ctx.proc) if diagnosis else None
     interface = diagnosis.ifname if diagnosis else ctx.proc.ifname
-    local = {**_rank_info(ctx), "interface": interface, "doctor": found, "operations": run_operations(ctx, cfg)}
+    local = {**_rank_info(ctx), "interface": interface, "doctor": found, "health": _device_health(ctx, cfg)}
+    local["operations"] = run_operations(ctx, cfg)
     gathered = _gather(ctx, local)
     if gathered is None:
         ctx.mark_broken("the check could not gather every rank's report")
@@ -270,7 +293,9 @@ def build_report(ctx: DistContext, cfg: CheckConfig, diagnosis: doctor.Diagnosis
         for op in operations
         if not op.ok and op.ran
     ]
-    return {
+    measured = all(r["health"] for r in reports)
+    device_health = health.section(reports, cfg.k, cfg.fail_below) if measured else None
+    report = {
         "ok": not failures and gathered is not None,
         "complete": gathered is not None,
         "world_size": ctx.proc.world_size,
@@ -278,11 +303,23 @@ def build_report(ctx: DistContext, cfg: CheckConfig, diagnosis: doctor.Diagnosis
         "backend": ctx.backend,
         "launcher": ctx.proc.launcher.value,
         "numel": cfg.numel,
-        "ranks": [{k: v for k, v in r.items() if k not in ("operations", "doctor")} for r in reports],
+        "ranks": [_rank_row(r) for r in reports],
+        "device_health": device_health,
         "rendezvous": [asdict(f) for f in doctor.merge([r["doctor"] for r in reports])] if found else [],
         "operations": [asdict(op) for op in operations],
         "failures": failures,
     }
+    if device_health:
+        report["failures"] += health.failures(report)
+        report["ok"] = report["ok"] and not device_health["below_fail"]
+    return report
+
+
+def _rank_row(report: dict) -> dict:
+    """One rank's row of the report: who it is, its device and the device's figures."""
+    row = {k: v for k, v in report.items() if k not in ("operations", "doctor", "health")}
+    figures = report["health"] or {}
+    return row | {"matmul_flops": figures.get("flops"), "copy_gbps": figures.get("copy_gbps")}
 
 
 def format_table(report: dict) -> str:
@@ -291,15 +328,12 @@ def format_table(report: dict) -> str:
         f"ddp-cluster check: {report['world_size']} ranks on {report['nodes']} host(s), "
         f"backend {report['backend']}, launcher {report['launcher']}",
         "",
-        f"{'rank':>4}  {'node':>4}  {'local':>5}  {'host':<24}  {'device':<8}  {'backend':<7}  interface",
-    ]
-    lines += [
-        f"{r['rank']:>4}  {r['node_rank']:>4}  {r['local_rank']:>5}  {r['host']:<24}  {r['device']:<8}  "
-        f"{r['backend']:<7}  {r.get('interface') or '-'}"
-        for r in report["ranks"]
+        *_rank_rows(report),
     ]
     if not report["complete"]:
         lines.append("(only rank 0's view: the other ranks could not report)")
+    if report["device_health"]:
+        lines += ["", *health.format_lines(report)]
     if report["rendezvous"]:
         lines += ["", *doctor.format_rows(report["rendezvous"])]
     lines += ["", f"{'operation':<20}  {'result':<7}  {'max ms':>8}  detail"]
@@ -308,6 +342,27 @@ def format_table(report: dict) -> str:
     ]
     lines += ["", f"result: {'ok' if report['ok'] else 'FAILED: ' + summary(report)}"]
     return "\n".join(lines)
+
+
+def _rank_rows(report: dict) -> list[str]:
+    """The rank table: who each rank is, its device (name, memory) and the device's figures."""
+    gpu = report["ranks"][0]["device"].startswith("cuda")
+    flops_unit, scale = ("TFLOP/s", 1e12) if gpu else ("GFLOP/s", 1e9)
+    name_width = max(8, *(len(r["device_name"]) for r in report["ranks"]))
+    lines = [
+        f"{'rank':>4}  {'node':>4}  {'local':>5}  {'host':<16}  {'device':<8}  {'backend':<7}  {'interface':<9}  "
+        f"{'name':<{name_width}}  {'memory':>9}  {flops_unit:>8}  {'copy GB/s':>9}"
+    ]
+    for r in report["ranks"]:
+        flops = f"{r['matmul_flops'] / scale:.1f}" if r["matmul_flops"] is not None else "-"
+        copy = f"{r['copy_gbps']:.1f}" if r["copy_gbps"] is not None else "-"
+        memory = f"{r['device_memory_bytes'] / (1 << 30):.1f} GiB"
+        lines.append(
+            f"{r['rank']:>4}  {r['node_rank']:>4}  {r['local_rank']:>5}  {r['host']:<16}  {r['device']:<8}  "
+            f"{r['backend']:<7}  {r.get('interface') or '-':<9}  {r['device_name']:<{name_width}}  {memory:>9}  "
+            f"{flops:>8}  {copy:>9}"
+        )
+    return lines
 
 
 def _status(op: dict) -> str:

@@ -66,11 +66,6 @@ class DeviceHealth:
     seconds: float
     """How long the measurement took."""
 
-    @property
-    def unit(self) -> tuple[str, float]:
-        """(unit, divisor) for showing ``flops``: TFLOP/s on a GPU, GFLOP/s on a CPU."""
-        return ("TFLOP/s", 1e12) if self.device.startswith("cuda") else ("GFLOP/s", 1e9)
-
 
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
@@ -167,3 +162,80 @@ def judge(figures: list[DeviceHealth], k: float = outliers.DEFAULT_K, fail_below
         if fail_below is not None:
             failing += [Slow(r, metric, v, rule.median) for r, v in enumerate(values) if v < fail_below * rule.median]
     return Verdict(rules, slow, failing)
+
+
+# --- app check's device-health section ----------------------------------------------------------
+
+
+def figure(metric: str, value: float, device: str) -> str:
+    """``212 TFLOP/s`` (GFLOP/s on a CPU) or ``1.2 GB/s copy``."""
+    if metric == "copy_gbps":
+        return f"{value:.1f} GB/s copy"
+    unit, scale = ("TFLOP/s", 1e12) if device.startswith("cuda") else ("GFLOP/s", 1e9)
+    return f"{value / scale:.1f} {unit}"
+
+
+def _named(slow: Slow, ranks: list[dict]) -> dict:
+    rank = ranks[slow.rank]
+    return {
+        "rank": rank["rank"],
+        "host": rank["host"],
+        "device": rank["device"],
+        "metric": slow.metric,
+        "value": slow.value,
+        "median": slow.median,
+    }
+
+
+def section(ranks: list[dict], k: float, fail_below: float | None) -> dict:
+    """The report's ``device_health`` from every rank's ``health`` (asdict of DeviceHealth), in rank order."""
+    figures = [DeviceHealth(**r["health"]) for r in ranks]
+    verdict = judge(figures, k, fail_below)
+    first = figures[0]
+    return {
+        "dtype": first.dtype,
+        "matmul_size": first.matmul_size,
+        "copy_bytes": first.copy_bytes,
+        "k": k,
+        "fail_below": fail_below,
+        "median_flops": verdict.rules["flops"].median,
+        "median_copy_gbps": verdict.rules["copy_gbps"].median,
+        "threshold_flops": verdict.rules["flops"].threshold,
+        "threshold_copy_gbps": verdict.rules["copy_gbps"].threshold,
+        "slow": [_named(s, ranks) for s in verdict.slow],
+        "below_fail": [_named(s, ranks) for s in verdict.below_fail],
+    }
+
+
+def describe_slow(entry: dict) -> str:
+    """``rank 3 on node1 (cuda:1): 212.0 TFLOP/s against a median of 690.0``."""
+    value = figure(entry["metric"], entry["value"], entry["device"])
+    median = figure(entry["metric"], entry["median"], entry["device"]).split(" ")[0]
+    return f"rank {entry['rank']} on {entry['host']} ({entry['device']}): {value} against a median of {median}"
+
+
+def format_lines(report: dict) -> list[str]:
+    """The verdict lines under app check's rank table."""
+    part = report["device_health"]
+    n = report["world_size"]
+    head = (
+        f"device health: {part['matmul_size']}x{part['matmul_size']} {part['dtype']} matrix products, "
+        f"copies of {part['copy_bytes'] >> 20} MiB"
+    )
+    if part["threshold_flops"] is None:
+        return [head, f"verdict: {n} rank(s): the outlier rule needs {MIN_RANKS} or more (--fail-below judges fewer)"]
+    if not part["slow"]:
+        return [head, "verdict: no slow device"]
+    return [head, *(f"slow: {describe_slow(entry)}" for entry in part["slow"])]
+
+
+def failures(report: dict) -> list[dict]:
+    """check's failures for the ranks below --fail-below (one per metric)."""
+    part = report["device_health"]
+    found = []
+    for metric in METRICS:
+        below = [entry for entry in part["below_fail"] if entry["metric"] == metric]
+        if below:
+            detail = "; ".join(f"{describe_slow(e)}, below {part['fail_below']:g} x the median" for e in below)
+            found.append({"operation": "device_health", "ranks": [e["rank"] for e in below], "detail": detail})
+    return found

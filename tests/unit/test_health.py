@@ -18,7 +18,8 @@ def test_measure_on_cpu_gives_positive_figures_in_bounded_calls() -> None:
     found = health.measure(torch.device("cpu"), seconds=0.4)
     assert found.device == "cpu" and found.dtype == "float32" and found.matmul_size == health.MATMUL_SIZE["cpu"]
     assert found.flops > 0 and found.copy_gbps > 0
-    assert found.unit == ("GFLOP/s", 1e9)
+    assert health.figure("flops", found.flops, found.device).endswith(" GFLOP/s")
+    assert health.figure("flops", 212e12, "cuda:1") == "212.0 TFLOP/s"
 
 
 def test_rate_is_work_over_time_and_stops_after_its_samples() -> None:
