@@ -1,6 +1,6 @@
 """Collective bandwidth sweep, in the columns nccl-tests users know, for gloo and NCCL, any launcher.
 
-    python -m app comm                                        # one process (no traffic: a smoke test)
+    python -m app comm                                        # one process: says nothing crosses a link
     torchrun --standalone --nproc-per-node 4 -m app comm      # one node, 4 ranks
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node0:29500 \\
         -m app comm --json comm.json --plot comm.png
@@ -61,6 +61,8 @@ JSON (--json PATH; rank 0 writes it; keys are stable, new keys may be added):
   baseline              null, or {"op": "all_reduce", "size_bytes", "time_us", "busbw_gbps",
                         "harness_busbw_gbps", "harness_ratio"} with --baseline
   failures              one string per collective with wrong values (the error line's parts)
+  note                  null, or on one rank the line that says nothing crosses a link (results
+                        and summary are then empty)
 """
 
 import argparse
@@ -88,6 +90,11 @@ MEMCPY_SECONDS = 0.5
 """Time spent measuring it (app.diagnostics.health.memcpy_gbps: the median of samples)."""
 
 RANK_TIMES = ("mean", "max")
+ONE_RANK = (
+    "1 rank: nothing crosses a link, so there is no bus bandwidth to measure (no sweep, no --plot); "
+    "start 2 or more ranks, e.g. torchrun --standalone --nproc-per-node 2 -m app comm"
+)
+"""What app comm says on one rank instead of a sweep."""
 
 
 def parse_ops(text: str) -> tuple[str, ...]:
@@ -388,7 +395,10 @@ def build_report(ctx: DistContext, cfg: CommConfig, printer: Callable[[str], Non
         "memcpy": memcpy,
     }
     printer(format_preamble(report, sweep.ops()))
-    rows = sweep.run()
+    report["note"] = ONE_RANK if ctx.proc.world_size == 1 else None
+    if report["note"]:
+        printer(f"# {report['note']}")
+    rows = [] if report["note"] else sweep.run()
     _merge_senders(ctx, rows)
     report["results"] = rows
     report["summary"] = _summary(rows, memcpy["gbps"])
@@ -433,12 +443,11 @@ def format_row(row: dict) -> str:
 def format_preamble(report: dict, ops: list[str]) -> str:
     """What runs where, and the ceiling."""
     m = report["memcpy"]
-    skipped = " (send_recv skipped: it needs 2 ranks)" if report["world_size"] == 1 else ""
     return "\n".join(
         [
             f"# ddp-cluster comm: {report['world_size']} rank(s) on {report['nodes']} host(s), backend "
             f"{report['backend']} on {report['device']}, launcher {report['launcher']}, dtype {report['dtype']}",
-            f"# ops {','.join(ops)}{skipped}; warmup {report['warmup']}, iters {report['iters']}, "
+            f"# ops {','.join(ops)}; warmup {report['warmup']}, iters {report['iters']}, "
             f"check {'on' if report['check'] else 'off'}, time: {report['rank_time']} over ranks",
             f"# memcpy ceiling: {m['gbps']:.2f} GB/s (torch copy of {format_size(m['bytes'])} on {m['device']}, "
             f"host {m['host']})",
@@ -508,10 +517,11 @@ def run(args: argparse.Namespace) -> int:
         report = build_report(ctx, cfg, printer)
     if not proc.is_main:
         return 0 if report["ok"] else 1
-    printer(format_summary(report))
+    if report["results"]:
+        printer(format_summary(report))
     if cfg.json:
         atomic_write_text(cfg.json, json.dumps(report, indent=2) + "\n")
-    if cfg.plot:
+    if cfg.plot and report["results"]:
         plot(cfg.plot, report)
     if not report["ok"]:
         raise ClusterError(f"comm: wrong values: {'; '.join(report['failures'])}")

@@ -1,6 +1,7 @@
 """Run an app command again on local ranks: what ``app bench`` and ``app scale`` do when started alone.
 
     python -m app bench            # one process: runs `torchrun --standalone --nproc-per-node 2 -m app bench`
+                                   # (on a GPU machine: --nproc-per-node <its GPUs>, one rank per GPU)
 
 The command gets exactly the arguments it was given, so every flag reaches the ranks; torchrun
 picks its own free port (``--standalone``), so nothing else on the machine is in the way.
@@ -10,7 +11,22 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+import torch
+
 from app.errors import ClusterError
+
+CPU_RANKS = 2
+"""Local ranks started on a machine without a GPU."""
+
+
+def local_gpus() -> int:
+    """GPUs this machine shows torch (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def default_ranks() -> int:
+    """Local ranks to start: one per GPU on a GPU machine (so NCCL can run), else CPU_RANKS."""
+    return local_gpus() or CPU_RANKS
 
 
 def relaunch(command: str, nproc: int, argv: Sequence[str], timeout: float) -> int:

@@ -1,6 +1,6 @@
 """Benchmark: samples/s of ``app train`` against a plain tutorial-style DDP loop, same data, same ranks.
 
-    python -m app bench                                   # starts 2 local ranks itself (torchrun --standalone)
+    python -m app bench                                   # starts 2 local ranks itself, one per GPU on a GPU machine
     python -m app bench --nproc-per-node 4 --json bench.json
     torchrun --standalone --nproc-per-node 2 -m app bench # under any launcher: the ranks it gives
     mpirun -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29500 python -m app bench
@@ -44,7 +44,7 @@ from app.runtime.distributed import (
     process_group,
     this_process,
 )
-from app.runtime.relaunch import relaunch
+from app.runtime.relaunch import CPU_RANKS, default_ranks, relaunch
 from app.train import data, models, sync
 from app.train.config import DataConfig, ModelConfig, OutputConfig, SpeedConfig, StepsConfig, TrainConfig
 from app.train.report import Reporter
@@ -58,7 +58,7 @@ SHAPE = (1, 28, 28)
 class BenchConfig:
     """Benchmark."""
 
-    nproc_per_node: int = 2
+    nproc_per_node: int | None = field(default=None, metadata=flags.flag(show=f"one per GPU, else {CPU_RANKS}"))
     """Ranks to start with torchrun --standalone when run as one process."""
     samples: int = 8192
     """Synthetic training samples."""
@@ -73,7 +73,7 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         for name, value, least in (
-            ("--nproc-per-node", self.nproc_per_node, 1),
+            ("--nproc-per-node", 1 if self.nproc_per_node is None else self.nproc_per_node, 1),
             ("--samples", self.samples, BATCH),
             ("--rounds", self.rounds, 1),
         ):
@@ -258,8 +258,9 @@ def run(args: argparse.Namespace) -> int:
     bench, dist_cfg = flags.from_args(BenchConfig, args), flags.from_args(DistConfig, args)
     cfg = train_config(bench, flags.from_args(SpeedConfig, args))
     proc = this_process(dist_cfg)
-    if proc.world_size == 1 and bench.nproc_per_node > 1:
-        return relaunch("bench", bench.nproc_per_node, args.argv, bench.launch_timeout)
+    nproc = bench.nproc_per_node or default_ranks()
+    if proc.world_size == 1 and nproc > 1:
+        return relaunch("bench", nproc, args.argv, bench.launch_timeout)
     with process_group(proc, dist_cfg) as ctx, tempfile.TemporaryDirectory(prefix="ddp-bench-") as out:
         cfg = replace(cfg, output=replace(cfg.output, out=Path(out)))  # for OUT/progress
         report = measure(ctx, variants(cfg, bench.sweep), bench.rounds)

@@ -2,6 +2,7 @@
 all-reduce), the scaling law fitted to it and what it predicts for more ranks.
 
     python -m app scale                                    # starts 4 local ranks itself, measures N = 1, 2, 4
+                                                           # 2 or more GPUs: one rank per GPU, N = 1, 2, 4...
     python -m app scale --world-sizes 1,2 --json scale.json --plot scale.png
     python -m app scale --sweep --world-sizes 1,2          # every --comm-hook x --sweep-buckets, a table
     torchrun --standalone --nproc-per-node 4 -m app scale  # under any launcher: N = 1, 2, 4, ... up to its ranks
@@ -62,7 +63,7 @@ from app.runtime.distributed import (
     process_group,
     this_process,
 )
-from app.runtime.relaunch import relaunch
+from app.runtime.relaunch import local_gpus, relaunch
 from app.train import models
 from app.train.config import (
     COMM_HOOKS,
@@ -83,7 +84,7 @@ from app.train.trainer import Trainer
 
 DATASETS = ("synthetic", "digits")
 STANDALONE_SIZES = (1, 2, 4)
-"""--world-sizes when started as one process."""
+"""--world-sizes when started as one process on a machine with fewer than 2 GPUs."""
 BARE_FRACTIONS = (64, 8, 1)
 """The bare all-reduce's sizes: S divided by these."""
 
@@ -120,7 +121,11 @@ class ScaleConfig:
 
     world_sizes: tuple[int, ...] | None = field(
         default=None,
-        metadata=flag(parse=parse_sizes, show="1,2,4; under a launcher 1,2,4,... up to its ranks", metavar="N,N,..."),
+        metadata=flag(
+            parse=parse_sizes,
+            show="1,2,4 (2+ GPUs: 1,2,4,... up to them); under a launcher 1,2,4,... up to its ranks",
+            metavar="N,N,...",
+        ),
     )
     """World sizes to measure, with 1; comma-separated."""
     dataset: str = field(default="synthetic", metadata=flag(metavar="NAME"))
@@ -325,7 +330,8 @@ def run(args: argparse.Namespace) -> int:
         return _show(scale_report.read(scale.from_json), scale)
     proc = this_process(dist_cfg)
     if proc.world_size == 1:
-        sizes = scale.world_sizes or STANDALONE_SIZES
+        gpus = local_gpus()
+        sizes = scale.world_sizes or (default_sizes(gpus) if gpus >= 2 else STANDALONE_SIZES)
         return relaunch("scale", max(sizes), args.argv, scale.launch_timeout)
     sizes = scale.world_sizes or default_sizes(proc.world_size)
     if max(sizes) > proc.world_size:
