@@ -15,18 +15,15 @@ import torch
 
 from app.errors import ClusterError
 
-CPU_RANKS = 2
-"""Local ranks started on a machine without a GPU."""
-
 
 def local_gpus() -> int:
     """GPUs this machine shows torch (0 without CUDA)."""
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def default_ranks() -> int:
-    """Local ranks to start: one per GPU on a GPU machine (so NCCL can run), else CPU_RANKS."""
-    return local_gpus() or CPU_RANKS
+def default_ranks(cpu: int) -> int:
+    """Local ranks to start: one per GPU on a GPU machine (so NCCL can run), else ``cpu``."""
+    return local_gpus() or cpu
 
 
 def relaunch(command: str, nproc: int, argv: Sequence[str], timeout: float) -> int:

@@ -44,7 +44,8 @@ from app.runtime.distributed import (
     process_group,
     this_process,
 )
-from app.runtime.relaunch import CPU_RANKS, default_ranks, relaunch
+from app.runtime.relaunch import default_ranks, relaunch
+from app.topology.spec import Nodes
 from app.train import data, models, sync
 from app.train.config import DataConfig, ModelConfig, OutputConfig, SpeedConfig, StepsConfig, TrainConfig
 from app.train.report import Reporter
@@ -58,7 +59,9 @@ SHAPE = (1, 28, 28)
 class BenchConfig:
     """Benchmark."""
 
-    nproc_per_node: int | None = field(default=None, metadata=flags.flag(show=f"one per GPU, else {CPU_RANKS}"))
+    nproc_per_node: int | None = field(
+        default=None, metadata=flags.flag(show=f"one per GPU, else {Nodes.nproc_per_node}")
+    )
     """Ranks to start with torchrun --standalone when run as one process."""
     samples: int = 8192
     """Synthetic training samples."""
@@ -258,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
     bench, dist_cfg = flags.from_args(BenchConfig, args), flags.from_args(DistConfig, args)
     cfg = train_config(bench, flags.from_args(SpeedConfig, args))
     proc = this_process(dist_cfg)
-    nproc = bench.nproc_per_node or default_ranks()
+    nproc = bench.nproc_per_node or default_ranks(Nodes.nproc_per_node)
     if proc.world_size == 1 and nproc > 1:
         return relaunch("bench", nproc, args.argv, bench.launch_timeout)
     with process_group(proc, dist_cfg) as ctx, tempfile.TemporaryDirectory(prefix="ddp-bench-") as out:
