@@ -349,16 +349,17 @@ def _rank_rows(report: dict) -> list[str]:
     gpu = report["ranks"][0]["device"].startswith("cuda")
     flops_unit, scale = ("TFLOP/s", 1e12) if gpu else ("GFLOP/s", 1e9)
     name_width = max(8, *(len(r["device_name"]) for r in report["ranks"]))
+    host_width = max(16, *(len(r["host"]) for r in report["ranks"]))
     lines = [
-        f"{'rank':>4}  {'node':>4}  {'local':>5}  {'host':<16}  {'device':<8}  {'backend':<7}  {'interface':<9}  "
-        f"{'name':<{name_width}}  {'memory':>9}  {flops_unit:>8}  {'copy GB/s':>9}"
+        f"{'rank':>4}  {'node':>4}  {'local':>5}  {'host':<{host_width}}  {'device':<8}  {'backend':<7}  "
+        f"{'interface':<9}  {'name':<{name_width}}  {'memory':>9}  {flops_unit:>8}  {'copy GB/s':>9}"
     ]
     for r in report["ranks"]:
         flops = f"{r['matmul_flops'] / scale:.1f}" if r["matmul_flops"] is not None else "-"
         copy = f"{r['copy_gbps']:.1f}" if r["copy_gbps"] is not None else "-"
         memory = f"{r['device_memory_bytes'] / (1 << 30):.1f} GiB"
         lines.append(
-            f"{r['rank']:>4}  {r['node_rank']:>4}  {r['local_rank']:>5}  {r['host']:<16}  {r['device']:<8}  "
+            f"{r['rank']:>4}  {r['node_rank']:>4}  {r['local_rank']:>5}  {r['host']:<{host_width}}  {r['device']:<8}  "
             f"{r['backend']:<7}  {r.get('interface') or '-':<9}  {r['device_name']:<{name_width}}  {memory:>9}  "
             f"{flops:>8}  {copy:>9}"
         )

@@ -1,9 +1,16 @@
-"""``app links`` and ``app comm`` across the compose mini-cluster's containers.
+"""``app links``, ``app comm`` and ``app check``'s device health across the compose mini-cluster's containers.
 
 The proof that ``app links`` finds a slow node: a test-only container joins one cluster
 container's network namespace with NET_ADMIN (the cluster containers keep every capability
 dropped) and throttles its interface to 20 Mbit/s with tc; the report must name that container,
 and only it. The same run without a throttle names none.
+
+The proof that ``app check`` finds a slow device: the head container's CPU is limited with
+``docker update --cpus 0.5 --cpu-shares 2`` as soon as it runs; its rank must be named, and only
+it. The same run without the limit names none. Both limits: on an idle machine the quota bites
+(the other ranks get about 2/3 of a core each); on a busy one (this shared 2-core machine runs at
+a load of about 20, where every process gets about a tenth of a core, below any useful quota) the
+weight of 2 against the others' 1024 does, while they compute at the same time.
 
 Run: ``DDP_TEST_IMAGE_NAME=... .venv/bin/python -m pytest tests/docker/test_measure.py``.
 """
@@ -44,6 +51,21 @@ def _running_head(project: str, timeout: float = 120) -> str:
     raise AssertionError(f"the head container of {project} did not start within {timeout:g}s")
 
 
+def _with_running_head(cluster, make_args: list[str], action) -> subprocess.CompletedProcess:
+    """Run ``make MAKE_ARGS`` on the cluster, calling ``action(head container id)`` as soon as the head runs."""
+    cmd = ["make", "--no-print-directory", "BASE=local", f"IMAGE_NAME={IMAGE_NAME}", *make_args]
+    cmd += [f"CLUSTER={cluster.project}", f"RESULTS={cluster.results}"]
+    job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        action(_running_head(cluster.project))
+        out, err = job.communicate(timeout=600)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    return subprocess.CompletedProcess(job.args, job.returncode, out, err)
+
+
 def test_links_names_the_throttled_container_and_only_it(cluster, throttle_image) -> None:
     clean = cluster.make("cluster-links", "NODES=3", "NPROC_PER_NODE=1", LINKS_ARGS)
     assert clean.returncode == 0, explain(clean)
@@ -55,19 +77,12 @@ def test_links_names_the_throttled_container_and_only_it(cluster, throttle_image
     assert "verdict: no slow node or link" in clean.stdout
 
     # Again, with the head container's interface throttled from a container of the test's own.
-    cmd = ["make", "--no-print-directory", "BASE=local", f"IMAGE_NAME={IMAGE_NAME}", "cluster-links"]
-    cmd += [f"CLUSTER={cluster.project}", f"RESULTS={cluster.results}", "NODES=3", "NPROC_PER_NODE=1", LINKS_ARGS]
-    job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        netns = ["--network", f"container:{_running_head(cluster.project)}", "--cap-add", "NET_ADMIN"]
+    def throttle(head_id: str) -> None:
+        netns = ["--network", f"container:{head_id}", "--cap-add", "NET_ADMIN"]
         tc = run(["docker", "run", "--rm", *netns, throttle_image, *TBF], 120)
         assert tc.returncode == 0, explain(tc)
-        out, err = job.communicate(timeout=600)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
-    throttled = subprocess.CompletedProcess(job.args, job.returncode, out, err)
+
+    throttled = _with_running_head(cluster, ["cluster-links", "NODES=3", "NPROC_PER_NODE=1", LINKS_ARGS], throttle)
     assert throttled.returncode != 0, explain(throttled)  # --fail-below 0.1 is crossed
     report = cluster.json("links/links.json")
     assert report["slow_nodes"] == [{"node": head, "direction": "send"}], explain(throttled)
@@ -95,3 +110,32 @@ def test_comm_across_containers(cluster) -> None:
     }
     assert all(r["wrong"] == 0 for r in report["results"])
     assert (cluster.results / "comm" / "cluster.png").stat().st_size > 20_000
+
+
+# The check's device health: 4 s of measuring (0.4 s samples, four CFS periods each); --timeout
+# covers the limited head's slow start (torch's import at a fraction of a core).
+CHECK_ARGS = "CHECK_ARGS=--device-seconds 4 --fail-below 0.25 --timeout 300"
+CPU_LIMIT = ["--cpus", "0.5", "--cpu-shares", "2"]
+CHECK_RUN = ["cluster-check", "NODES=3", "NPROC_PER_NODE=1", "MAX_RESTARTS=0", CHECK_ARGS]
+
+
+def test_check_names_the_cpu_limited_container_and_only_it(cluster) -> None:
+    clean = cluster.make(*CHECK_RUN)
+    assert clean.returncode == 0, explain(clean)
+    report = cluster.json("check.json")
+    health = report["device_health"]
+    assert health["slow"] == [] and health["below_fail"] == [], explain(clean)
+    assert "verdict: no slow device" in clean.stdout
+
+    def limit(head_id: str) -> None:
+        done = run(["docker", "update", *CPU_LIMIT, head_id], 60)
+        assert done.returncode == 0, explain(done)
+
+    limited = _with_running_head(cluster, CHECK_RUN, limit)
+    report = cluster.json("check.json")
+    head = f"{cluster.project}-head-1"
+    slow = report["device_health"]["slow"]
+    assert {(s["rank"], s["host"]) for s in slow} == {(0, head)}, explain(limited)
+    assert f"slow: rank 0 on {head} (cpu): " in limited.stdout and " against a median of " in limited.stdout
+    if report["device_health"]["below_fail"]:  # under 0.25 x the median: exit status 1, naming it
+        assert limited.returncode != 0 and "device_health on rank 0" in limited.stderr, explain(limited)
