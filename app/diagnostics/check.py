@@ -11,6 +11,28 @@ Each rank writes its own value into its own slot, so a wrong slot names the rank
 point-to-point from rank 0 to every rank and around a ring, broadcast, all_reduce (SUM, MAX),
 all_gather, reduce_scatter and barrier. Rank 0 prints a table (or --json) and the exit status is
 non-zero naming the failing operation and rank. A collective that hangs fails after --timeout.
+
+Device health (app/diagnostics/health.py): first, every rank measures its own device at once for
+--device-seconds: n x n matrix products (bf16 on a GPU, fp32 on a CPU) and a memory copy. The
+rank table shows TFLOP/s (GFLOP/s on CPU) and copy GB/s beside each device's name and memory; the
+outlier rule of app links (below median / s^k, --k) names a slow rank with 3 or more ranks, as
+``slow: rank 3 on node1 (cuda:1): 212.0 TFLOP/s against a median of 690.0``; --fail-below
+FRACTION makes a rank below FRACTION x the median fail the check (exit status 1).
+
+JSON (--json PATH, '-' for stdout; rank 0 writes it; keys are stable, new keys may be added):
+  ok, complete        every operation verified (and no device below --fail-below); every rank reported
+  world_size, nodes, backend, launcher, numel
+  ranks               per rank: "rank", "local_rank", "node_rank", "host", "device", "backend",
+                      "interface", "device_name" (the GPU's, or cpu), "device_memory_bytes",
+                      "matmul_flops" (FLOP/s), "copy_gbps" (null with --device-seconds 0)
+  device_health       null with --device-seconds 0, else: "dtype", "matmul_size" (n), "copy_bytes",
+                      "k", "fail_below", "median_flops", "median_copy_gbps" (geometric medians),
+                      "threshold_flops", "threshold_copy_gbps" (median / s^k; null below 3 ranks),
+                      "slow" and "below_fail": [{"rank", "host", "device", "metric" ("flops" or
+                      "copy_gbps"), "value", "median"}]
+  rendezvous          the doctor's checks, merged over ranks: [{"check", "status", "detail"}]
+  operations          per operation: "name", "ok", "ran", "time_ms" (slowest rank), "failed_ranks", "detail"
+  failures            [{"operation", "ranks", "detail"}]: failed operations, and "device_health"
 """
 
 import argparse
