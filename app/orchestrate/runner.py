@@ -14,7 +14,9 @@ whatever happens to the other nodes: a worker container that stops is started ag
 restart policy brings back one that crashed; one stopped by hand is started here) up to
 --max-restarts times, and torchrun's agents restart every worker in a new rendezvous round, the
 job resuming from its last checkpoint. Tracebacks, C++ frames, torchrun's banners and every
-node's output go to build/cluster/<name>.log (``--verbose`` prints them too).
+node's output go to the command's one log (logs/cluster.log, or --log-dir; ``--verbose`` prints them
+too): the status line and the error line name the same file. Every process ``up`` starts (docker
+events, logs) ends with it.
 
 What the user sees of a failure (README.md, "Faults and recovery"):
 - one line per restart, once the job runs again: which node or rank failed and why (signal or
@@ -355,6 +357,17 @@ def _follow_main(run: Run, filt: Filter, since: float) -> None:
             print(line, flush=True)
 
 
+def _ends_with(stop: threading.Event, proc: subprocess.Popen) -> subprocess.Popen:
+    """``proc``, killed once ``stop`` is set: a thread blocked reading its output must not outlive the job."""
+
+    def end() -> None:
+        stop.wait()
+        proc.kill()
+
+    threading.Thread(target=end, daemon=True).start()
+    return proc
+
+
 def _follow_others(run: Run, stop: threading.Event, since: float) -> None:
     """The other nodes' failures as one line each (their full output stays in the log).
 
@@ -367,7 +380,7 @@ def _follow_others(run: Run, stop: threading.Event, since: float) -> None:
     seen: set[str] = set()  # the lines taken, each with its node and its time
     while not stop.is_set():
         args = run.compose("logs", "--follow", "--no-color", "--timestamps", "--since", after, *_other_services(run))
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        proc = _ends_with(stop, subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
         try:
             assert proc.stdout is not None
             for raw in proc.stdout:
@@ -394,7 +407,7 @@ def _watch_nodes(run: Run, stop: threading.Event) -> None:
     """Start again a worker container that stopped while the job runs, up to --max-restarts times."""
     label = f"label=com.docker.compose.project={run.spec.job.name}"
     args = ["docker", "events", "--filter", label, "--filter", "event=die", "--format", "{{json .}}"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = _ends_with(stop, subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
     try:
         assert proc.stdout is not None
         for raw in proc.stdout:
@@ -410,6 +423,7 @@ def _watch_nodes(run: Run, stop: threading.Event) -> None:
                 _restart_node(run, name, code, stop)
     finally:
         proc.kill()
+        proc.wait()
 
 
 def _running(name: str) -> bool:
@@ -449,7 +463,8 @@ def _prepare(args: argparse.Namespace) -> Run:
     text = compose.env_file(spec, topology.DEFAULT_SCRIPT_DIR)
     env_file = args.state_dir / f"{spec.job.name}.env"
     atomic_write_text(env_file, text)
-    return Run(spec, env_file.resolve(), (args.state_dir / f"{spec.job.name}.log").resolve(), args.verbose)
+    log_file = getattr(args, "log_file", None) or args.state_dir / f"{spec.job.name}.log"  # the command's log
+    return Run(spec, env_file.resolve(), Path(log_file).resolve(), args.verbose)
 
 
 def _down(run: Run) -> int:
@@ -479,7 +494,7 @@ def _up(run: Run, results: Path) -> int:
     shape = f"{spec.nodes.nodes} node(s) x {spec.nodes.nproc_per_node}"
     run.say(f"cluster: {spec.job.name}: {spec.job.launcher}, {shape}: {compose.job_line(spec)}")
     run.log_file.parent.mkdir(parents=True, exist_ok=True)
-    run.log_file.write_text("")
+    run.log(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} cluster up {spec.job.name}")  # a log holds every run's lines
     stop = threading.Event()
     start, since = time.monotonic(), time.time()
     # Detached: compose starts the nodes (the workers once the head is healthy) and returns; the
@@ -497,10 +512,12 @@ def _up(run: Run, results: Path) -> int:
         threading.Thread(target=_follow_others, args=(run, stop, since), daemon=True),
         threading.Thread(target=_follow_main, args=(run, main_output, since), daemon=True),
     ]
-    for thread in threads:
-        thread.start()
-    status = _wait_main(run, spec.job.time_limit - (time.monotonic() - start))
-    stop.set()
+    try:
+        for thread in threads:
+            thread.start()
+        status = _wait_main(run, spec.job.time_limit - (time.monotonic() - start))
+    finally:
+        stop.set()  # ends the processes the threads read (docker events, compose logs)
     elapsed = time.monotonic() - start
     # Rank 0's node has ended: the others cannot go on without it; stopped first, reported after.
     subprocess.run(run.compose("stop", "--timeout", str(STOP_GRACE_S)), capture_output=True, timeout=180, check=False)

@@ -3,6 +3,12 @@
 each failure (and each restart) as one line. Docker is not asked: the containers' host names are
 given, and ``docker stop`` is recorded."""
 
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
 import pytest
 
 from app.orchestrate import runner
@@ -174,3 +180,36 @@ def test_node_ranks_follow_c10d_order(run):
     assert run.node_ranks("demo-head-1") == [0, 1]
     assert run.node_ranks("demo-worker-1") == [2, 3]
     assert run.rank_name("worker-1", 1) == "rank 3 (local rank 1 on demo-worker-1)"
+
+
+def _docker_events_of(project: str) -> list[int]:
+    """Pids of ``docker events`` processes that watch ``project`` (any parent: a leaked one is reparented to 1)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[1:2] == [b"events"] and f"label=com.docker.compose.project={project}".encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="needs the docker CLI")
+def test_the_node_watcher_ends_with_the_job_and_leaves_no_docker_events(tmp_path):
+    """The watcher blocks reading ``docker events`` (no container of this project dies): stop must end it."""
+    project = f"nowatch-{os.getpid()}"
+    job = runner.Run(build({"job": {"name": project}}), tmp_path / "x.env", tmp_path / "x.log")
+    stop = threading.Event()
+    watcher = threading.Thread(target=runner._watch_nodes, args=(job, stop), daemon=True)
+    watcher.start()
+    deadline = time.monotonic() + 30
+    while not _docker_events_of(project) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _docker_events_of(project), "the watcher did not start docker events"  # the negative control
+    stop.set()  # what cluster up does when rank 0's node has ended
+    watcher.join(timeout=20)
+    left = _docker_events_of(project)
+    for pid in left:  # a leak found: clean up after the failed test
+        os.kill(pid, 9)
+    assert not watcher.is_alive() and not left
