@@ -96,6 +96,10 @@ class Filter:
     """The first exception of the app's; else the last of torchrun's."""
     said_error: bool = False
     """The app printed its own one-line ``error:``."""
+    cause_rank: int | None = None
+    """The global rank whose traceback ended with ``cause`` (None: the launcher's own)."""
+    raised: list[tuple[int, str]] = field(default_factory=list)
+    """The ranks' exceptions not yet taken (``Run.take``): (global rank, exception line)."""
 
     def is_internal(self, line: str) -> bool:
         """True for a line that belongs in the log only."""
@@ -109,13 +113,16 @@ class Filter:
         if prefix in self.open_tracebacks:
             if not text.startswith((" ", "\t")) and text.strip():
                 self.open_tracebacks.discard(prefix)  # the exception's own line ends the traceback
-                self._keep(text.strip())
+                rank = int(prefix[5:-2]) if prefix else None
+                self._keep(text.strip(), rank)
+                if rank is not None:
+                    self.raised.append((rank, text.strip()))
             return True
         return bool(prefix or _GLOG.match(line) or _BANNER.match(line))
 
-    def _keep(self, exception: str) -> None:
+    def _keep(self, exception: str, rank: int | None) -> None:
         if not self.cause or _is_torchruns(self.cause):  # the app's first exception wins over torchrun's last
-            self.cause = exception
+            self.cause, self.cause_rank = exception, rank
 
 
 def _is_torchruns(exception: str) -> bool:
@@ -183,6 +190,10 @@ class Run:
     """Why the job was stopped rather than restarted (None: it was not)."""
     hostnames: dict[str, str] = field(default_factory=dict)
     """Container host name -> container name."""
+    raised: dict[int, str] = field(default_factory=dict)
+    """Global rank -> the exception its traceback ended with, in the current attempt."""
+    failed_before: dict[int, str] = field(default_factory=dict)
+    """Global rank -> the exception it failed with in the attempt before (``repeated``)."""
     notes: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -231,6 +242,8 @@ class Run:
             self.failure(kind, f"{self.rank_name(node, local_rank)} ended with {describe_status(code)}")
             if code == 2:
                 self.give_up("bad input fails the same way on every attempt", 2)
+            elif code > 0:
+                self.repeated(node, local_rank)
             return True
         if line.startswith("error: "):
             self.app_error(line)
@@ -239,6 +252,32 @@ class Run:
             self.resumed(resumed, line)
             return True
         return False
+
+    def take(self, node: str, filt: Filter, line: str) -> bool:
+        """``filt``'s reading of ``line`` of ``node``'s output (True: internal); the exceptions it ended noted."""
+        internal = filt.is_internal(line)
+        with self.lock:
+            self.raised.update(filt.raised)
+        filt.raised.clear()
+        return internal
+
+    def repeated(self, node: str, local_rank: int) -> None:
+        """A rank ended with an exit status: when it failed with the same exception in the attempt before (and no
+        container or signal was the cause), every restart would fail the same way: the job is stopped."""
+        ranks = self.node_ranks(self.container_of(node))
+        rank = ranks[local_rank] if local_rank < len(ranks) else None
+        with self.lock:
+            exception = self.raised.pop(rank, None) if rank is not None else None
+            external = any(kind in (CONTAINER, KILLED) for kind, _ in self.incident.causes) if self.incident else False
+            before = self.failed_before.get(rank) if rank is not None else None
+            if rank is not None and exception:
+                self.failed_before[rank] = exception
+        if exception and exception == before and not external:
+            self.give_up(
+                f"{self.where(rank)} failed the same way on two attempts in a row ({exception}): a restart cannot "
+                "cure it; fix the script, then run the job again",
+                1,
+            )
 
     def app_error(self, line: str) -> None:
         """A rank's one-line error: held back while the job may resume; a hopeless one stops the job."""
@@ -320,9 +359,19 @@ class Run:
         node = order.index(container) + 1
         return list(range(node * p, node * p + p))
 
+    def container_of(self, node: str) -> str:
+        """The container of a service's node (``worker-1`` -> ``ddp-cluster-worker-1``)."""
+        return node if node.startswith(f"{self.spec.job.name}-") else f"{self.spec.job.name}-{node}"
+
+    def where(self, rank: int) -> str:
+        """``rank 1 on ddp-cluster-head-1`` (a torchrun job: c10d's node order, ``node_ranks``)."""
+        containers = [self.main_container, *sorted(n for n in self._containers().values() if "-worker-" in n)]
+        node = next((c for c in containers if rank in self.node_ranks(c)), None)
+        return f"rank {rank} on {node}" if node else f"rank {rank}"
+
     def rank_name(self, node: str, local_rank: int) -> str:
         """``rank 3 (local rank 1 on ddp-cluster-worker-1)``."""
-        container = node if node.startswith(f"{self.spec.job.name}-") else f"{self.spec.job.name}-{node}"
+        container = self.container_of(node)
         ranks = self.node_ranks(container)
         where = f"local rank {local_rank} on {container}"
         return f"rank {ranks[local_rank]} ({where})" if local_rank < len(ranks) else where
@@ -350,7 +399,7 @@ def _follow_main(run: Run, filt: Filter, since: float) -> None:
     for raw in proc.stdout:
         line = raw.rstrip("\n")
         run.log(f"{run.main_service}: {line}")
-        internal = filt.is_internal(line)
+        internal = run.take(run.main_container, filt, line)
         if run.observe(run.main_container, line):
             continue
         if not internal or run.verbose:
@@ -378,6 +427,7 @@ def _follow_others(run: Run, stop: threading.Event, since: float) -> None:
     """
     after = f"{since:.3f}"  # this run's lines only, as for the main node
     seen: set[str] = set()  # the lines taken, each with its node and its time
+    filters: dict[str, Filter] = {}  # each node's tracebacks: the exception a rank failed with
     while not stop.is_set():
         args = run.compose("logs", "--follow", "--no-color", "--timestamps", "--since", after, *_other_services(run))
         proc = _ends_with(stop, subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
@@ -392,6 +442,7 @@ def _follow_others(run: Run, stop: threading.Event, since: float) -> None:
                 after = stamp or after
                 node = service.strip()
                 run.log(f"{node}: {line}")
+                run.take(node, filters.setdefault(node, Filter()), line)
                 run.observe(node, line)
         finally:
             proc.kill()
@@ -551,7 +602,8 @@ def _failure(run: Run, status: int, output: Filter) -> str:
             "job again to resume from its last checkpoint"
         )
     if output.cause and not output.said_error:
-        return f"{run.main_container}: {root_cause(output.cause, spec)}"
+        where = run.where(output.cause_rank) if output.cause_rank is not None else run.main_container
+        return f"{where}: {root_cause(output.cause, spec)}"
     return f"the job failed: {run.main_container} (rank 0's node) ended with {describe_status(status)}; see above"
 
 

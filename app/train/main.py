@@ -1,6 +1,7 @@
 """``python -m app train``: flags -> TrainConfig -> process group -> Trainer -> summary."""
 
 import argparse
+import json
 from collections.abc import Callable
 
 import torch.distributed as dist
@@ -62,6 +63,25 @@ def _resume_state(cfg: TrainConfig, identity: dict) -> tuple[tuple[dict, str] | 
     return (state, str(path)), reached
 
 
+def _earlier_summary(cfg: TrainConfig) -> dict | None:
+    """summary.json of the run that finished in --out (None: none, or unreadable)."""
+    try:
+        return json.loads((cfg.output.out / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _nothing_left_line(cfg: TrainConfig, trainer: Trainer, earlier: dict) -> str:
+    """A finished job run again: one line, and its earlier summary stays as it was."""
+    o = cfg.steps
+    limit = f"--max-steps {o.max_steps}" if o.max_steps and trainer.pos.step >= o.max_steps else f"{o.epochs} epochs"
+    return (
+        f"train: nothing left to do: {cfg.output.out} finished at step {trainer.pos.step} ({limit}; "
+        f"test accuracy {earlier.get('test_accuracy', float('nan')):.4f}); its summary.json is kept: give more "
+        "--epochs or --max-steps to train on, or another --out to start afresh"
+    )
+
+
 def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], None] | None = None) -> dict:
     """Join the group, train, and return the summary (the same on every rank).
 
@@ -79,6 +99,11 @@ def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], N
         if resume is not None:
             trainer.restore(*resume)
         trainer.note_previous_attempt(reached)
+        if trainer.finished and (earlier := main_decides(lambda: _earlier_summary(cfg), ctx.proc.is_main)):
+            if ctx.proc.is_main:
+                reporter.event("nothing_left", step=trainer.pos.step, resumed_from=trainer.resumed_from)
+                print(_nothing_left_line(cfg, trainer, earlier), flush=True)
+            return earlier
         try:
             summary = trainer.fit()
         except RuntimeError as error:  # a collective that timed out or lost a peer: name the ranks that stopped

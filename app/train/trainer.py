@@ -385,6 +385,12 @@ class Trainer:
             **self.evaluate(),
         }
 
+    @property
+    def finished(self) -> bool:
+        """Nothing is left to train: every epoch is done, or --max-steps is reached (a finished job resumed)."""
+        o = self.cfg.steps
+        return self.pos.epoch >= o.epochs or bool(o.max_steps and self.pos.step >= o.max_steps)
+
     def fit(self) -> dict:
         """Train to the end (or --max-steps) and return the summary; rank 0 reports and saves."""
         o, out = self.cfg.steps, self.cfg.output
@@ -395,7 +401,7 @@ class Trainer:
         self._saved_at, self._save_every_s = time.monotonic(), out.checkpoint_every_seconds
         record: dict = {}
         totals = {"samples": 0.0, "seconds": 0.0}
-        go_on = self.pos.epoch < o.epochs and not (o.max_steps and self.pos.step >= o.max_steps)
+        go_on = not self.finished
         while go_on and self.pos.epoch < o.epochs:
             epoch = self.pos.epoch
             stats = self.train_epoch()

@@ -213,3 +213,47 @@ def test_the_node_watcher_ends_with_the_job_and_leaves_no_docker_events(tmp_path
     for pid in left:  # a leak found: clean up after the failed test
         os.kill(pid, 9)
     assert not watcher.is_alive() and not left
+
+
+def _attempt(run, node: str, rank: int, local_rank: int, message: str) -> Filter:
+    """One attempt of a user script that raises on one rank: its traceback, then torchrun's report."""
+    filt = Filter()
+    lines = [
+        f"[rank{rank}]: Traceback (most recent call last):",
+        f'[rank{rank}]:   File "/job/script.py", line 9, in <module>',
+        f'[rank{rank}]:     raise RuntimeError("{message}")',
+        f"[rank{rank}]: RuntimeError: {message}",
+        f"E1122 12:15:03.098000 7 api.py:1002] failed (exitcode: 1) local_rank: {local_rank} (pid: 40) of binary: x",
+    ]
+    for line in lines:
+        run.take(node, filt, line)
+        run.observe(node, line)
+    return filt
+
+
+def test_the_final_line_names_the_rank_and_node_that_raised(run):
+    filt = _attempt(run, "demo-head-1", 1, 1, "boom")
+    assert runner._failure(run, 1, filt) == "rank 1 on demo-head-1: RuntimeError: boom"
+    other = _attempt(run, "worker-1", 3, 1, "boom")  # a worker's rank, read from its own output
+    assert run.raised == {} and run.failed_before[3] == "RuntimeError: boom"
+    assert other.cause_rank == 3 and run.where(3) == "rank 3 on demo-worker-1"
+
+
+def test_a_failure_that_repeats_on_the_next_attempt_stops_the_restarts(run, capsys):
+    _attempt(run, "demo-head-1", 1, 1, "boom")
+    assert run.gave_up is None  # once may be chance
+    filt = _attempt(run, "demo-head-1", 1, 1, "boom")
+    assert run.docker_calls == [("stop", "--time", "10", "demo-head-1")]
+    assert runner._failure(run, 143, filt) == (
+        "not restarted: rank 1 on demo-head-1 failed the same way on two attempts in a row (RuntimeError: boom): a "
+        "restart cannot cure it; fix the script, then run the job again; the job was stopped"
+    )
+
+
+def test_different_failures_or_a_lost_container_keep_the_restarts(run):
+    _attempt(run, "demo-head-1", 1, 1, "boom at step 3")
+    _attempt(run, "demo-head-1", 1, 1, "boom at step 7")  # another failure: restarted
+    assert run.gave_up is None
+    run.failure(runner.CONTAINER, "demo-worker-1 (ranks 2-3) stopped with signal 9 (SIGKILL)")
+    _attempt(run, "demo-head-1", 1, 1, "boom at step 7")  # the same, but a container was lost: not the script's
+    assert run.gave_up is None
