@@ -7,7 +7,6 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
-NPROC ?= 2
 PY := $(VENV)/bin/python
 # Every Dockerfile of the repository, for hadolint.
 DOCKERFILES = $(shell git ls-files -co --exclude-standard | grep -E '(^|/)([^/]+\.)?Dockerfile$$' | sort)
@@ -50,15 +49,15 @@ host-deps: ## Install the host packages the tests use (OpenMPI, shellcheck) on D
 	else echo "error: missing $$missing: install them with your package manager" >&2; exit 1; fi
 
 .PHONY: demo
-demo: venv ## Run the health check and a 2-process check on local processes (no containers).
+demo: venv ## Run the health check and a NPROC_PER_NODE-process check on local processes (no containers).
 	$(PY) -m app check
-	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m app check
+	$(VENV)/bin/torchrun --standalone --nproc-per-node $(LOCAL_NPROC) -m app check
 
 .PHONY: readme-spec
-readme-spec: ## Rewrite README.md's table of the cluster spec's keys from the code (python -m app topology --format doc).
+readme-spec: ## Rewrite the table of the cluster spec's keys in docs/engines.md from the code (python -m app topology --format doc).
 	@PYTHONPATH=$(CURDIR) $(PYTHON) -c 'import re, subprocess, sys, pathlib; \
 	  table = subprocess.run([sys.executable, "-m", "app", "topology", "--format", "doc"], check=True, capture_output=True, text=True).stdout; \
-	  p = pathlib.Path("README.md"); text = p.read_text(); \
+	  p = pathlib.Path("docs/engines.md"); text = p.read_text(); \
 	  p.write_text(re.sub(r"(<!-- spec table:[^\n]*-->\n).*?(\n<!-- end of spec table -->)", lambda m: m[1] + table.rstrip() + m[2], text, flags=re.S))'
 
 .PHONY: lint

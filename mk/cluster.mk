@@ -50,9 +50,12 @@ SPEC_FLAGS = $(call knob,--spec,$(SPEC)) $(call knob,--name,$(CLUSTER)) $(call k
 	$(call knob,--nproc-per-node,$(NPROC_PER_NODE)) $(call knob,--gpus-per-node,$(GPUS_PER_NODE)) \
 	$(call knob,--master-port,$(MASTER_PORT)) $(call knob,--max-restarts,$(MAX_RESTARTS)) \
 	$(call knob,--time-limit,$(CLUSTER_TIMEOUT)) --image $(IMAGE_NAME):$(IMAGE_TAG)
+# The local targets' processes: NPROC_PER_NODE, else the spec's default (asked of the app, not restated).
+LOCAL_NPROC = $(or $(NPROC_PER_NODE),$(shell $(APP) topology --format nproc-per-node))
 JOB_FLAGS = $(if $(SCRIPT),--script $(call quote,$(SCRIPT)) $(call knob,--args,$(ARGS)),$(call knob,--command,$(JOB)))
 # The cluster runner is the app's own (stdlib only): the host needs no venv to run the cluster.
-CLUSTER_RUN = PYTHONPATH=$(CURDIR) $(PYTHON) -m app cluster $(1) --results $(RESULTS) $(SPEC_FLAGS)
+APP = PYTHONPATH=$(CURDIR) $(PYTHON) -m app
+CLUSTER_RUN = $(APP) cluster $(1) --results $(RESULTS) $(SPEC_FLAGS)
 
 $(TOOLS_PY):
 	@docker/tools-venv.sh --python $(PYTHON) --venv $(TOOLS_VENV)
@@ -65,13 +68,18 @@ engine: $(TOOLS_PY) ## Install (Debian: docker.io + compose v2) and start the Do
 base: engine ## Build the offline base image ddp-cluster-base:bookworm (debootstrap + docker import).
 	@docker/build-base.sh --tag $(LOCAL_BASE_IMAGE)
 
+# The knobs' spec is checked first, in about a second: a bad knob fails before the engine or an image is readied.
+.PHONY: cluster-spec
+cluster-spec: ## Check the cluster spec of the knobs (NODES, JOB, ...): every cluster and image target does it first.
+	@$(APP) topology $(SPEC_FLAGS) $(JOB_FLAGS) --format compose >/dev/null
+
 # The image targets make the engine and the base ready themselves, while the wheelhouse fills.
 .PHONY: image-cpu
-image-cpu: $(TOOLS_PY) ## Build ddp-cluster:cpu (BASE=auto|upstream|local), with the engine and base it needs.
+image-cpu: cluster-spec $(TOOLS_PY) ## Build ddp-cluster:cpu (BASE=auto|upstream|local), with the engine and base it needs.
 	@$(BUILD_IMAGE) --flavour cpu --tag $(IMAGE_NAME):cpu
 
 .PHONY: image-cuda
-image-cuda: $(TOOLS_PY) ## Build ddp-cluster:cuda (offline: a stand-in on the local base with CPU torch).
+image-cuda: cluster-spec $(TOOLS_PY) ## Build ddp-cluster:cuda (offline: a stand-in on the local base with CPU torch).
 	@$(BUILD_IMAGE) --flavour cuda --tag $(IMAGE_NAME):cuda
 
 .PHONY: images
@@ -82,15 +90,15 @@ images-test: BASE = local
 images-test: images ## Build both images offline, as CI does (BASE=local).
 
 .PHONY: cluster-up
-cluster-up: image-$(IMAGE_TAG) ## Start NODES x NPROC_PER_NODE containers, run JOB (or SCRIPT), stream rank 0, print the summary.
+cluster-up: cluster-spec image-$(IMAGE_TAG) ## Start NODES x NPROC_PER_NODE containers, run JOB (or SCRIPT), stream rank 0, print the summary.
 	@$(call CLUSTER_RUN,up) $(JOB_FLAGS)
 
 .PHONY: cluster-check
-cluster-check: image-$(IMAGE_TAG) ## Run `app check` across the cluster containers (torchrun, gloo).
+cluster-check: cluster-spec image-$(IMAGE_TAG) ## Run `app check` across the cluster containers (torchrun, gloo).
 	@$(call CLUSTER_RUN,up) --command 'check --json /results/check.json'
 
 .PHONY: cluster-mpi
-cluster-mpi: image-$(IMAGE_TAG) ## Run `app check` (or MPI_JOB/SCRIPT) with mpirun over SSH (compose profile mpi).
+cluster-mpi: cluster-spec image-$(IMAGE_TAG) ## Run `app check` (or MPI_JOB/SCRIPT) with mpirun over SSH (compose profile mpi).
 	@$(call CLUSTER_RUN,up) --launcher mpirun $(if $(SCRIPT),$(JOB_FLAGS),--command $(call quote,$(MPI_JOB)))
 
 .PHONY: cluster-logs

@@ -1,7 +1,8 @@
 # Training workload: `app train`, `app bench` and `app scale` on local ranks (and `app scale` on the
 # mini-cluster), and the torchvision test suite.
 
-EPOCHS ?= 20
+# Empty knobs keep the app's own defaults (python -m app train --help shows them).
+EPOCHS ?=
 OUT ?= runs/digits
 RUN ?= $(OUT)
 TB_PORT ?= 6006
@@ -16,17 +17,17 @@ EXTRA_TESTS += test-torchvision
 ##@ Training
 
 .PHONY: train
-train: venv ## Train the seed MLP on digits on NPROC local ranks into OUT (resumes: --resume auto).
-	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m app train \
-	  --dataset digits --model mlp --epochs $(EPOCHS) --out $(OUT) --resume auto $(TRAIN_ARGS)
+train: venv ## Train the seed MLP on digits on NPROC_PER_NODE local ranks into OUT (resumes: --resume auto).
+	$(VENV)/bin/torchrun --standalone --nproc-per-node $(LOCAL_NPROC) -m app train \
+	  --dataset digits --model mlp $(call knob,--epochs,$(EPOCHS)) --out $(OUT) --resume auto $(TRAIN_ARGS)
 
 .PHONY: tensorboard
 tensorboard: venv ## Serve the TensorBoard scalars of RUN (a run's OUT, or a folder of runs) on 127.0.0.1:TB_PORT only.
 	$(VENV)/bin/tensorboard --logdir $(RUN) --host 127.0.0.1 --port $(TB_PORT)
 
 .PHONY: bench
-bench: venv ## Samples/s of app train vs a plain tutorial DDP loop on NPROC ranks, and their ratio.
-	$(PY) -m app bench --nproc-per-node $(NPROC) $(BENCH_ARGS)
+bench: venv ## Samples/s of app train vs a plain tutorial DDP loop on NPROC_PER_NODE ranks, and their ratio.
+	$(PY) -m app bench $(call knob,--nproc-per-node,$(NPROC_PER_NODE)) $(BENCH_ARGS)
 
 .PHONY: scale
 scale: venv ## Scaling report at 1, 2, 4 local ranks into build/scale.{json,png} (SCALE_ARGS="--sweep --world-sizes 1,2").
@@ -34,7 +35,7 @@ scale: venv ## Scaling report at 1, 2, 4 local ranks into build/scale.{json,png}
 	$(PY) -m app scale --json build/scale.json --plot build/scale.png $(SCALE_ARGS)
 
 .PHONY: cluster-scale
-cluster-scale: image-$(IMAGE_TAG) ## Scaling report over the mini-cluster's NODES x NPROC_PER_NODE ranks; RESULTS/scale.{json,png}.
+cluster-scale: cluster-spec image-$(IMAGE_TAG) ## Scaling report over the mini-cluster's NODES x NPROC_PER_NODE ranks; RESULTS/scale.{json,png}.
 	@$(call CLUSTER_RUN,up) --command $(call quote,scale --json /results/scale.json --plot /results/scale.png $(SCALE_ARGS))
 
 $(TV_VENV)/.stamp: pyproject.toml

@@ -6,7 +6,7 @@
         -m app comm --json comm.json --plot comm.png
     mpirun -np 4 -H a:2,b:2 -x MASTER_ADDR=a -x MASTER_PORT=29500 python -m app comm --ops all_reduce
     srun -N 2 --ntasks-per-node 8 python -m app comm --max-bytes 1G --dtype bf16
-    make comm NPROC=4                                         # local torchrun ranks
+    make comm NPROC_PER_NODE=4                                         # local torchrun ranks
     make cluster-comm                                         # across the compose mini-cluster
 
 For each collective of --ops (all_reduce, all_gather, reduce_scatter, broadcast, all_to_all and

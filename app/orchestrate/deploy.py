@@ -23,8 +23,8 @@ from pathlib import Path
 
 from app.errors import ClusterError, UsageError
 
-ANSIBLE_DIR = Path(__file__).resolve().parents[2] / "ansible"
-"""The repository's ansible/ folder (deploy.yml, ansible.cfg, roles/)."""
+ANSIBLE_DIR = Path("ansible")
+"""The checkout's ansible/ folder (deploy.yml, ansible.cfg, roles/), from the folder the command runs in."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ def deploy(cfg: DeployConfig, *, quiet: bool = False) -> int:
     with tempfile.TemporaryDirectory(prefix="ddp-deploy-") as private:
         runner = ansible_runner.run(
             private_data_dir=private,
-            project_dir=str(cfg.ansible_dir),
+            project_dir=str(cfg.ansible_dir.resolve()),
             playbook="deploy.yml",
             binary=ansible_playbook(),
             inventory=str(cfg.inventory.resolve()),
@@ -138,7 +138,7 @@ def deploy(cfg: DeployConfig, *, quiet: bool = False) -> int:
             skip_tags=cfg.skip_tags or None,
             limit=cfg.limit or None,
             cmdline=cmdline,
-            envvars={"ANSIBLE_CONFIG": str(cfg.ansible_dir / "ansible.cfg")},
+            envvars={"ANSIBLE_CONFIG": str(cfg.ansible_dir.resolve() / "ansible.cfg")},
             timeout=cfg.timeout_s,
             quiet=quiet,
         )
@@ -178,7 +178,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", action="store_true", help="dry run: show what would change, run no job")
     parser.add_argument("--timeout", type=int, default=7200, help="stop after this many seconds (default 7200)")
     parser.add_argument(
-        "--ansible-dir", type=Path, default=ANSIBLE_DIR, help="folder with deploy.yml (default: the repo's)"
+        "--ansible-dir", type=Path, default=ANSIBLE_DIR, help="folder with deploy.yml (default: %(default)s)"
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no Ansible output, only the result line")
 

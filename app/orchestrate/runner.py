@@ -8,7 +8,9 @@
     python -m app cluster down                                 # make cluster-down
 
 Runs on the host, with the stdlib only (no torch, no venv). The spec flags are ``python -m app
-topology``'s; they are checked, then rendered into build/cluster/<name>.env for compose.yaml.
+topology``'s; they are checked once, then every file the cluster needs is rendered once into
+build/cluster/<name>/ (``compose.cluster_files``: compose's env file, nodes.yaml with each node's
+command, the launch files the nodes read); the containers only exec what was rendered.
 ``up`` streams rank 0's node (the head; the launcher under mpirun) and exits with its status,
 whatever happens to the other nodes: a worker container that stops is started again (Docker's
 restart policy brings back one that crashed; one stopped by hand is started here) up to
@@ -18,7 +20,7 @@ node's output go to the command's one log (logs/cluster.log, or --log-dir; ``--v
 too): the status line and the error line name the same file. Every process ``up`` starts (docker
 events, logs) ends with it.
 
-What the user sees of a failure (README.md, "Faults and recovery"):
+What the user sees of a failure (docs/faults.md):
 - one line per restart, once the job runs again: which node or rank failed and why (signal or
   exit status, or the ranks that stopped answering), the step it resumed from and the steps lost:
   ``cluster: restart 1: ddp-cluster-worker-1 (ranks 2-3) stopped with signal 9 (SIGKILL); resumed
@@ -49,10 +51,7 @@ from app.topology import command as topology
 from app.topology import compose
 from app.topology.spec import ClusterSpec
 
-ROOT = Path(__file__).resolve().parents[2]
-"""The checkout that holds compose.yaml (the cluster command runs from the repository)."""
-STOP_GRACE_S = 10
-"""Seconds a container has to stop before it is killed."""
+STOP_GRACE_S = compose.STOP_GRACE_S
 
 _GLOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\]")
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:")
@@ -175,7 +174,8 @@ class Run:
     """One compose project running one job."""
 
     spec: ClusterSpec
-    env_file: Path
+    folder: Path
+    """Where the cluster's files were rendered (``compose.cluster_files``)."""
     log_file: Path
     verbose: bool = False
     restarts: int = 0
@@ -188,8 +188,6 @@ class Run:
     """The ranks' one-line errors during the incident (printed at the end if the job does not resume)."""
     gave_up: Stopped | None = None
     """Why the job was stopped rather than restarted (None: it was not)."""
-    hostnames: dict[str, str] = field(default_factory=dict)
-    """Container host name -> container name."""
     raised: dict[int, str] = field(default_factory=dict)
     """Global rank -> the exception its traceback ended with, in the current attempt."""
     failed_before: dict[int, str] = field(default_factory=dict)
@@ -200,20 +198,24 @@ class Run:
     @property
     def main_service(self) -> str:
         """The service that holds rank 0 and whose exit ends the job."""
-        return "launcher" if self.spec.job.launcher == "mpirun" else compose.HEAD
+        return compose.LAUNCHER if self.spec.job.launcher == "mpirun" else compose.HEAD
 
     @property
     def main_container(self) -> str:
-        return f"{self.spec.job.name}-{self.main_service}-1"
+        return compose.container(self.spec, self.main_service)
 
     def compose(self, *args: str, every_profile: bool = False) -> list[str]:
         """``docker compose`` for this project; the mpi profile's services when the job runs mpirun."""
-        files = ["-f", str(ROOT / "compose.yaml")]
-        if self.spec.nodes.gpus_per_node:
-            files += ["-f", str(ROOT / "compose.gpu.yaml")]
-        project = ["-p", self.spec.job.name, "--project-directory", str(ROOT), "--env-file", str(self.env_file)]
         profile = ["--profile", "mpi"] if every_profile or self.spec.job.launcher == "mpirun" else []
-        return ["docker", "compose", *project, *files, *profile, "--progress", "quiet", *args]
+        return [
+            "docker",
+            "compose",
+            *compose.compose_args(self.spec, self.folder),
+            *profile,
+            "--progress",
+            "quiet",
+            *args,
+        ]
 
     def say(self, text: str, stream=None) -> None:
         """A line for the user (stdout unless ``stream`` is given), kept in ``notes``."""
@@ -282,7 +284,7 @@ class Run:
     def app_error(self, line: str) -> None:
         """A rank's one-line error: held back while the job may resume; a hopeless one stops the job."""
         match = _APP_ERROR.match(line)
-        cause = self.with_names(match["cause"] if match else line)
+        cause = match["cause"] if match else line
         self.failure(SILENT if " stopped answering: " in cause else ERROR, cause)
         with self.lock:
             self.errors.append(line)
@@ -316,7 +318,7 @@ class Run:
                 return
             self.gave_up = Stopped(why, status)
         for said in [line] if line else dict.fromkeys(self.errors):
-            self.say(self.with_names(said), sys.stderr)
+            self.say(said, sys.stderr)
         _docker("stop", "--time", str(STOP_GRACE_S), self.main_container)
 
     def unresolved(self) -> None:
@@ -324,49 +326,23 @@ class Run:
         if self.incident is None or self.gave_up:
             return
         for line in dict.fromkeys(self.errors):
-            self.say(self.with_names(line), sys.stderr)
+            self.say((line), sys.stderr)
         if not self.errors:
             self.say(f"cluster: the job did not resume: {self.incident.cause}", sys.stderr)
 
     # --- names --------------------------------------------------------------------------------
 
-    def _containers(self) -> dict[str, str]:
-        """Host name -> container name of this project's containers (asked of Docker when one is unknown)."""
-        label = f"label=com.docker.compose.project={self.spec.job.name}"
-        names = _docker("ps", "-a", "--filter", label, "--format", "{{.Names}}").stdout.split()
-        if names:
-            found = _docker("inspect", "--format", "{{.Config.Hostname}} {{.Name}}", *names).stdout.split("\n")
-            pairs = (entry.split() for entry in found if entry.strip())
-            self.hostnames.update({host: name.lstrip("/") for host, name in pairs})
-        return self.hostnames
-
-    def with_names(self, text: str) -> str:
-        """``text`` with the containers' host names (``on 3f2a...``) replaced by their names."""
-        for host, name in self._containers().items():
-            if host != compose.HEAD:  # the head's host name says what it is; a worker's is its container id
-                text = re.sub(rf"\bon {re.escape(host)}\b", f"on {name}", text)
-        return text
-
     def node_ranks(self, container: str) -> list[int]:
-        """The global ranks of a torchrun node (c10d numbers nodes by sorting their addresses: head, worker-<host>)."""
-        p = self.spec.nodes.nproc_per_node
-        if container == self.main_container:
-            return list(range(p))
-        workers = sorted((f"worker-{host}", name) for host, name in self._containers().items() if "-worker-" in name)
-        order = [name for _, name in workers]
-        if container not in order:
-            return []
-        node = order.index(container) + 1
-        return list(range(node * p, node * p + p))
+        """The global ranks of a torchrun node (``compose.rank_order`` says which node holds which)."""
+        return compose.node_ranks(self.spec, container)
 
     def container_of(self, node: str) -> str:
         """The container of a service's node (``worker-1`` -> ``ddp-cluster-worker-1``)."""
         return node if node.startswith(f"{self.spec.job.name}-") else f"{self.spec.job.name}-{node}"
 
     def where(self, rank: int) -> str:
-        """``rank 1 on ddp-cluster-head-1`` (a torchrun job: c10d's node order, ``node_ranks``)."""
-        containers = [self.main_container, *sorted(n for n in self._containers().values() if "-worker-" in n)]
-        node = next((c for c in containers if rank in self.node_ranks(c)), None)
+        """``rank 1 on ddp-cluster-head-1`` (a torchrun job: c10d's node order, ``compose.rank_order``)."""
+        node = next((c for c in compose.rank_order(self.spec) if rank in self.node_ranks(c)), None)
         return f"rank {rank} on {node}" if node else f"rank {rank}"
 
     def rank_name(self, node: str, local_rank: int) -> str:
@@ -451,7 +427,7 @@ def _follow_others(run: Run, stop: threading.Event, since: float) -> None:
 
 
 def _other_services(run: Run) -> list[str]:
-    return ["mpi-worker"] if run.spec.job.launcher == "mpirun" else ["worker"]
+    return compose.worker_services(run.spec)
 
 
 def _watch_nodes(run: Run, stop: threading.Event) -> None:
@@ -503,19 +479,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m app cluster``: the action, where results go, then the spec's flags."""
     parser.add_argument("action", choices=("up", "logs", "down"), help="run a job, show every node's output, remove")
     parser.add_argument("--results", type=Path, default=Path("build/results"), metavar="DIR", help="results go here")
-    parser.add_argument("--state-dir", type=Path, default=Path("build/cluster"), metavar="DIR", help="env files, logs")
+    parser.add_argument(
+        "--state-dir", type=Path, default=Path("build/cluster"), metavar="DIR", help="rendered files, logs"
+    )
     topology.add_spec_arguments(parser)
 
 
 def _prepare(args: argparse.Namespace) -> Run:
+    """The spec, checked once, and every file the cluster needs, rendered once into STATE_DIR/NAME/."""
     spec = topology.spec_from_args(args)
-    if not (ROOT / "compose.yaml").is_file():
-        raise UsageError(f"{ROOT}/compose.yaml not found: run the cluster from a ddp-cluster checkout")
-    text = compose.env_file(spec, topology.DEFAULT_SCRIPT_DIR)
-    env_file = args.state_dir / f"{spec.job.name}.env"
-    atomic_write_text(env_file, text)
+    folder = (args.state_dir / spec.job.name).resolve()
+    for name, text in compose.cluster_files(spec, folder).items():
+        atomic_write_text(folder / name, text)
     log_file = getattr(args, "log_file", None) or args.state_dir / f"{spec.job.name}.log"  # the command's log
-    return Run(spec, env_file.resolve(), Path(log_file).resolve(), args.verbose)
+    return Run(spec, folder, Path(log_file).resolve(), args.verbose)
 
 
 def _down(run: Run) -> int:

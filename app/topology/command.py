@@ -5,13 +5,13 @@
     python -m app topology --hosts node0:2,node1:2 --ifname eth0 --format env
     python -m app topology --hostfile hosts.txt --format torchrun --node-rank 1
     python -m app topology --hostfile hosts.txt --launcher mpirun --format mpirun
-    python -m app topology --spec cluster.toml --nodes 3 --format compose --output build/cluster/x.env
+    python -m app topology --spec cluster.toml --nodes 3 --format compose-files --output-dir build/cluster/x
     python -m app topology --nodes 2 --nproc-per-node 8 --gpus-per-node 8 --format sbatch --output job.sbatch
     python -m app topology --name mycluster --format ssh-keys --output-dir ~/.cache/ddp-cluster/ssh/mycluster
     python -m app topology --nodes 4 --namespace ml --results-claim ddp-results --format k8s --output job.yaml
 
-The spec comes from its defaults, a TOML file (``--spec``; or ``--spec-json``, as the compose
-cluster's init service gets it) and the flags below, the flags winning. Hosts by name come from
+The spec comes from its defaults, a TOML file (``--spec``; or ``--spec-json``, what ``--format json``
+prints) and the flags below, the flags winning. Hosts by name come from
 ``--hosts NAME:SLOTS,...`` (like ``mpirun -H``) or an OpenMPI hostfile (``--hostfile``: ``NAME
 slots=N`` per line, ``#`` comments); the first host serves the rendezvous unless ``--master-addr``
 says otherwise. ``--format torchrun`` with ``--node-rank`` gives a static rendezvous, else c10d.
@@ -29,11 +29,8 @@ from typing import Any
 from app import flags
 from app.atomic import atomic_write_text
 from app.errors import UsageError
-from app.topology import compose, kube, render, slurm, slurmcluster, spec, sshkeys
+from app.topology import compose, kube, render, slurm, spec, sshkeys
 from app.topology.spec import ClusterSpec, Host
-
-DEFAULT_SCRIPT_DIR = Path(__file__).resolve().parents[2] / "cluster" / "jobs"
-"""The compose cluster's /job mount when no --script is given (the repository's example jobs)."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +67,7 @@ def _json(req: Request) -> str:
 
 
 def _doc(_req: Request) -> str:
-    """The spec's fields as a Markdown table: README.md's 'The cluster spec' holds exactly this."""
+    """The spec's fields as a Markdown table: docs/engines.md's 'The cluster spec' holds exactly this."""
     lines = ["| key | flag | default | used by | meaning |", "| --- | --- | --- | --- | --- |"]
     for section, cls in spec.SECTIONS.items():
         helps = flags.docstrings(cls)
@@ -80,6 +77,11 @@ def _doc(_req: Request) -> str:
             row = f"`{section}.{f.name}` | `{flags.option(f.name)}` | `{default}` | {used} | {helps[f.name]}"
             lines.append(f"| {row} |")
     return "\n".join(lines) + "\n"
+
+
+def compose_folder(req: Request) -> Path:
+    """Where the compose cluster's files are (or go): --output-dir, else build/cluster/NAME."""
+    return req.output_dir or Path("build/cluster") / req.spec.job.name
 
 
 def _ssh_keys(req: Request) -> dict[str, str]:
@@ -104,19 +106,20 @@ FORMATS: dict[str, tuple[Renderer, str]] = {
         "mpirun's arguments: -np, --hostfile, -x MASTER_ADDR ...",
     ),
     "compose": (
-        lambda r: compose.env_file(r.spec, DEFAULT_SCRIPT_DIR),
-        "the env file of compose.yaml (docker compose --env-file)",
+        lambda r: compose.env_file(r.spec, compose_folder(r)),
+        "the env file of compose.yaml (docker compose --env-file) for the files of --output-dir",
     ),
-    "compose-files": (lambda r: compose.cluster_files(r.spec), "the compose cluster's files (--output-dir)"),
+    "compose-files": (
+        lambda r: compose.cluster_files(r.spec, compose_folder(r)),
+        "the compose cluster's files: env file, nodes.yaml, every node's launch files (--output-dir)",
+    ),
+    "compose-path": (lambda _: f"{compose.COMPOSE_FILE}\n", "where compose.yaml is (package data)"),
     "sbatch": (lambda r: slurm.render_script(r.spec), "a Slurm batch script (sbatch FILE): torchrun or srun style"),
-    "slurm-files": (
-        lambda r: slurmcluster.cluster_files(r.spec),
-        "the Slurm mini-cluster's slurm.conf and node names (--output-dir)",
-    ),
     "ssh-keys": (_ssh_keys, "this cluster's SSH user and host keys, made once (--output-dir)"),
     "k8s": (lambda r: kube.render_k8s(r.spec), "Kubernetes: Indexed Job, headless Service, ConfigMap, NetworkPolicy"),
     "pytorchjob": (lambda r: kube.render_pytorchjob(r.spec), "Kubernetes: a Kubeflow PyTorchJob and a NetworkPolicy"),
-    "doc": (_doc, "the spec's keys as a Markdown table (README.md)"),
+    "nproc-per-node": (lambda r: f"{r.spec.nodes.nproc_per_node}\n", "processes per node (make's local targets)"),
+    "doc": (_doc, "the spec's keys as a Markdown table (docs/engines.md)"),
 }
 """Every format: its renderer (text, or files by name for --output-dir) and one line of help."""
 

@@ -1,30 +1,50 @@
-"""The compose mini-cluster's view of a spec: the env file compose.yaml reads, and the files its
-init service writes into the cluster volume. compose.yaml itself holds no defaults and no checks.
+"""The compose mini-cluster's view of a spec: every file it needs, rendered once on the host (by
+``python -m app cluster up``, or by hand): the env file and the nodes file that compose reads, and the
+launch files that the init service copies into the cluster volume. compose.yaml holds no defaults
+and no checks; it ships with the package (``COMPOSE_FILE``).
 
-    python -m app topology --nodes 3 --format compose --output build/cluster/ddp-cluster.env
-    docker compose --env-file build/cluster/ddp-cluster.env up --attach head --exit-code-from head
-    python -m app topology --spec-json "$CLUSTER_SPEC" --format compose-files --output-dir /cluster  # init
+    python -m app topology --nodes 3 --format compose-files --output-dir build/cluster/ddp-cluster
+    python -m app topology --format compose-path            # where compose.yaml is
+    python -m app topology --nodes 3 --format compose       # the env file alone (stdout)
 
-Containers are ``head`` (rank 0's node: it serves the c10d rendezvous) and ``<name>-worker-<i>``
-(torchrun), or ``<name>-mpi-worker-<i>`` (the mpi profile: sshd on each, mpirun from a launcher).
+Every node's host name is its container's name, as ``docker ps`` and the runner show it:
+``<name>-head-1`` (rank 0's node: it serves the c10d rendezvous), ``<name>-worker-<i>``
+(torchrun), or ``<name>-mpi-worker-<i>`` and ``<name>-launcher-1`` (the mpi profile: sshd on
+each worker, mpirun from the launcher). c10d numbers the nodes by sorting their addresses, so
+``rank_order`` is the one statement of which node holds which ranks.
 """
 
 import json
 import os
 import shlex
 import stat
+from importlib import resources
 from pathlib import Path
 
 from app.errors import UsageError
 from app.topology import render
 from app.topology.spec import ClusterSpec, Host
 
+COMPOSE_FILE = Path(str(resources.files(__package__) / "compose.yaml"))
+"""The compose file of the mini-cluster (package data)."""
+GPU_FILE = COMPOSE_FILE.with_name("compose.gpu.yaml")
+"""Its GPU override, used when the spec has --gpus-per-node > 0."""
 MAX_NODES = 16
 """The mini-cluster runs on one machine: each node is a container."""
 HEAD = "head"
-"""Host name of the head container: rank 0's node, the c10d endpoint."""
+"""The service of rank 0's node, the c10d endpoint."""
+WORKER, MPI_WORKER, LAUNCHER = "worker", "mpi-worker", "launcher"
+"""The other services: torchrun's workers, the mpi profile's sshd nodes and its mpirun launcher."""
 SCRIPT_MOUNT = "/job"
 """Where a user's script folder is mounted read-only in every container."""
+STOP_GRACE_S = 10
+"""Seconds a container has to stop before it is killed (compose's stop_grace_period, the runner's stops)."""
+SHM_SIZE, GPU_SHM_SIZE = "1gb", "8gb"
+"""Each node's /dev/shm: gloo and DataLoader workers; with GPUs, NCCL's shared-memory transport."""
+OMP_THREADS = 1
+"""OMP_NUM_THREADS of every rank: the containers share the machine's cores."""
+NODE_FILES, NO_SCRIPT = "node", "job"
+"""Folders of the rendered files: what the init service copies into the cluster volume; /job without --script."""
 
 
 def check(spec: ClusterSpec) -> None:
@@ -40,17 +60,45 @@ def check(spec: ClusterSpec) -> None:
         raise UsageError("--launcher srun is Slurm's: the compose cluster runs torchrun or mpirun")
 
 
+def container(spec: ClusterSpec, service: str, index: int = 1) -> str:
+    """A node's container name, which is also its host name: ``ddp-cluster-worker-1``."""
+    return f"{spec.job.name}-{service}-{index}"
+
+
 def torchrun_hosts(spec: ClusterSpec) -> tuple[Host, ...]:
-    """The torchrun nodes: the head, then the workers as compose names them."""
+    """The torchrun nodes: the head, then the workers."""
     n, p = spec.nodes.nodes, spec.nodes.nproc_per_node
-    return (Host(HEAD, p), *(Host(f"{spec.job.name}-worker-{i}", p) for i in range(1, n)))
+    return tuple(Host(container(spec, HEAD if i == 0 else WORKER, i or 1), p) for i in range(n))
 
 
 def mpi_hosts(spec: ClusterSpec) -> tuple[Host, ...]:
-    """The mpi profile's nodes (sshd containers) as compose names them."""
-    return tuple(
-        Host(f"{spec.job.name}-mpi-worker-{i}", spec.nodes.nproc_per_node) for i in range(1, 1 + spec.nodes.nodes)
-    )
+    """The mpi profile's nodes (sshd containers), in mpirun's rank order (the hostfile's)."""
+    p = spec.nodes.nproc_per_node
+    return tuple(Host(container(spec, MPI_WORKER, i), p) for i in range(1, 1 + spec.nodes.nodes))
+
+
+def rank_order(spec: ClusterSpec) -> list[str]:
+    """The torchrun nodes in the order c10d numbers them (it sorts their addresses, which are their names):
+    node ``i`` of this list holds global ranks ``i * nproc_per_node`` onwards. The head's name sorts first."""
+    order = sorted(h.name for h in torchrun_hosts(spec))
+    assert order[0] == container(spec, HEAD), order  # 'head' < 'worker': rank 0 is on the head
+    return order
+
+
+def node_ranks(spec: ClusterSpec, name: str) -> list[int]:
+    """The global ranks of the node (container) ``name``; [] for a container that is no torchrun node."""
+    order, p = rank_order(spec), spec.nodes.nproc_per_node
+    if name not in order:
+        return []
+    node = order.index(name)
+    return list(range(node * p, node * p + p))
+
+
+def worker_services(spec: ClusterSpec, launcher: str | None = None) -> list[str]:
+    """The services of the nodes other than rank 0's (the job's launcher, or ``launcher``): one per container."""
+    if (launcher or spec.job.launcher) == "mpirun":
+        return [f"{MPI_WORKER}-{i}" for i in range(1, 1 + spec.nodes.nodes)]
+    return [f"{WORKER}-{i}" for i in range(1, spec.nodes.nodes)]
 
 
 def script_dir(spec: ClusterSpec) -> Path | None:
@@ -83,31 +131,57 @@ def _quoted(value: str) -> str:
     return f'"{escaped}"'
 
 
-def env_file(spec: ClusterSpec, default_script_dir: Path) -> str:
-    """The variables compose.yaml reads (docker compose --env-file)."""
+def env_file(spec: ClusterSpec, folder: Path) -> str:
+    """The variables compose.yaml reads (docker compose --env-file), for the files rendered into ``folder``."""
     check(spec)
-    folder = script_dir(spec) or default_script_dir
+    folder = Path(folder).resolve()
     values = {
         "COMPOSE_PROJECT_NAME": spec.job.name,
         "IMAGE": spec.job.image,
-        "NODES": spec.nodes.nodes,
-        "WORKERS": spec.nodes.nodes - 1,
         # docker's own restarts of a crashed worker, bounded like torchrun's (on-failure alone never stops:
         # a worker whose head is gone for good would come back for ever).
         "WORKER_RESTART": f"on-failure:{spec.rendezvous.max_restarts}" if spec.rendezvous.max_restarts else "no",
         "GPUS_PER_NODE": spec.nodes.gpus_per_node,
-        "LAUNCHER": spec.job.launcher,
-        "TIME_LIMIT": spec.job.time_limit,
-        "SCRIPT_DIR": os.fspath(folder),
-        "JOB_COMMAND": shlex.join(render.job_argv(spec, SCRIPT_MOUNT)),
-        "MPI_COMMAND": shlex.join(render.python_argv(spec, SCRIPT_MOUNT)),
-        "CLUSTER_SPEC": json.dumps(spec.as_dict(), separators=(",", ":")),
+        "SHM_SIZE": GPU_SHM_SIZE if spec.nodes.gpus_per_node else SHM_SIZE,
+        "OMP_NUM_THREADS": OMP_THREADS,
+        "STOP_GRACE": f"{STOP_GRACE_S}s",
+        "SCRIPT_DIR": os.fspath(script_dir(spec) or folder / NO_SCRIPT),
+        "NODE_FILES": os.fspath(folder / NODE_FILES),
     }
     return "".join(f"{key}={_quoted(str(value))}\n" for key, value in values.items())
 
 
-def cluster_files(spec: ClusterSpec) -> dict[str, str]:
-    """What the init service writes into the cluster volume, by file name."""
+def nodes_file(spec: ClusterSpec) -> str:
+    """The nodes of this spec as compose services (JSON, which compose reads as YAML): each one's host and
+    container name, and its command: torchrun's per-node flag and the job, or the launcher's mpirun job."""
+    check(spec)
+    base, prefix = (GPU_FILE, "gpu-") if spec.nodes.gpus_per_node else (COMPOSE_FILE, "")
+    job = render.job_argv(spec, SCRIPT_MOUNT)
+
+    def node(name: str, template: str = "", **settings) -> dict:
+        replica = {"extends": {"file": os.fspath(base), "service": prefix + template}, "scale": 1} if template else {}
+        return {**replica, "hostname": name, "container_name": name, **settings}
+
+    def torchrun_node(host: Host, template: str = "") -> dict:
+        return node(host.name, template, command=[f"--local-addr={host.name}", *job])  # its c10d address: rank_order
+
+    head, *workers = torchrun_hosts(spec)
+    mpi = worker_services(spec, "mpirun")
+    services = {
+        HEAD: torchrun_node(head),
+        **{name: torchrun_node(h, WORKER) for name, h in zip(worker_services(spec, "torchrun"), workers, strict=True)},
+        **{name: node(h.name, MPI_WORKER) for name, h in zip(mpi, mpi_hosts(spec), strict=True)},
+        LAUNCHER: node(
+            container(spec, LAUNCHER),
+            command=render.python_argv(spec, SCRIPT_MOUNT),
+            depends_on={name: {"condition": "service_healthy"} for name in mpi},
+        ),
+    }
+    return json.dumps({"services": services}, indent=2) + "\n"
+
+
+def node_files(spec: ClusterSpec) -> dict[str, str]:
+    """What every node reads from the cluster volume, by file name."""
     check(spec)
     nodes, mpi = torchrun_hosts(spec), mpi_hosts(spec)
     return {
@@ -116,3 +190,20 @@ def cluster_files(spec: ClusterSpec) -> dict[str, str]:
         "hostfile": render.render_hostfile(mpi),
         "mpirun.args": " ".join(render.mpirun_args(spec, mpi, "/cluster/hostfile")) + "\n",
     }
+
+
+def cluster_files(spec: ClusterSpec, folder: Path) -> dict[str, str]:
+    """Every file of the compose cluster, by its path under ``folder`` (where they are to be written)."""
+    return {
+        "compose.env": env_file(spec, folder),
+        "nodes.yaml": nodes_file(spec),
+        **{f"{NODE_FILES}/{name}": text for name, text in node_files(spec).items()},
+        f"{NO_SCRIPT}/README": "No --script was given: this folder is mounted at /job in place of a script's folder.\n",
+    }
+
+
+def compose_args(spec: ClusterSpec, folder: Path) -> list[str]:
+    """``docker compose``'s project flags for the files rendered into ``folder``."""
+    files = [COMPOSE_FILE, *([GPU_FILE] if spec.nodes.gpus_per_node else []), Path(folder) / "nodes.yaml"]
+    env = ["--env-file", os.fspath(Path(folder) / "compose.env")]  # (the project's folder is compose.yaml's)
+    return ["-p", spec.job.name, *env, *(arg for f in files for arg in ("-f", os.fspath(f)))]

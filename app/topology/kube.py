@@ -178,9 +178,9 @@ def service(spec: ClusterSpec) -> dict:
 
 
 def indexed_job(spec: ClusterSpec) -> dict:
-    """One pod per node, ``<name>-<index>``; each runs ``ddp-node node`` (torchrun) and the job."""
+    """One pod per node, ``<name>-<index>``; each runs ``ddp-node`` (torchrun) and the job."""
     name = spec.job.name
-    command = ["ddp-node", "node", *render.job_argv(spec)]
+    command = ["ddp-node", *render.job_argv(spec)]
     mount = {"name": "torchrun", "mountPath": CLUSTER_DIR, "readOnly": True}
     container = _container(spec, "node", command, PORT_NAME, [mount])
     volume = {"name": "torchrun", "configMap": {"name": f"{name}-torchrun"}}

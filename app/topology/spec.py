@@ -187,9 +187,7 @@ class Job:
     name: str = field(default="ddp-cluster", metadata=used_by("compose", "ansible", "slurm", "kubernetes"))
     """The job's name: compose project, Slurm job name, Kubernetes object names, Ansible's containers
     and results folder, and rendezvous id (lowercase letters, digits and -, at most 40)."""
-    command: str = field(
-        default="train --dataset digits --epochs 10 --out /results/digits --resume auto", metadata=used_by("all")
-    )
+    command: str = field(default="train --dataset digits --out /results/digits --resume auto", metadata=used_by("all"))
     """The app command every rank runs (python -m app COMMAND)."""
     script: str | None = field(default=None, metadata=used_by("compose", "slurm"))
     """A user's torchrun script to run unchanged instead of the app command (compose mounts its folder at /job)."""

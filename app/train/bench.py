@@ -46,6 +46,7 @@ from app.runtime.distributed import (
     this_process,
 )
 from app.runtime.relaunch import relaunch
+from app.topology.spec import Nodes
 from app.train import data, models, sync
 from app.train.config import DataConfig, ModelConfig, OutputConfig, SpeedConfig, StepsConfig, TrainConfig
 from app.train.report import Reporter
@@ -59,7 +60,7 @@ SHAPE = (1, 28, 28)
 class BenchConfig:
     """Benchmark."""
 
-    nproc_per_node: int = 2
+    nproc_per_node: int = Nodes.nproc_per_node
     """Ranks to start with torchrun --standalone when run as one process."""
     samples: int = 8192
     """Synthetic training samples."""

@@ -133,7 +133,7 @@ class StepsConfig:
     """Samples per rank per micro-step; the global batch is batch_size * world size * accum_steps."""
     accum_steps: int = 1
     """Micro-steps per optimizer step; gradients are all-reduced on the last one only (no_sync)."""
-    epochs: int = 20
+    epochs: int = 10
     """Passes over the training set."""
     max_steps: int = 0
     """Stop after this many optimizer steps in total (0: no limit)."""

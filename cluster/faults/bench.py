@@ -26,6 +26,7 @@ import time
 import uuid
 from pathlib import Path
 
+from app.topology.spec import Job
 from cluster.faults.drive import OUT, FaultRun, explain
 
 FIRST_STEPS = f"{OUT}/first-steps.jsonl"
@@ -119,7 +120,7 @@ def recoveries(faults: list[dict], metrics: list[dict], first_steps: list[dict])
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m cluster.faults.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--image", default="ddp-cluster:cpu", help="workload image (default: ddp-cluster:cpu)")
+    parser.add_argument("--image", default=Job.image, help="workload image (default: %(default)s)")
     parser.add_argument("--epochs", type=int, default=600, help="epochs of digits (2-3 minutes undisturbed)")
     parser.add_argument("--fault-every", type=float, default=60.0, metavar="S", help="seconds between faults")
     parser.add_argument("--json", type=Path, help="also write the figures here")

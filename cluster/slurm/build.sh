@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the Slurm mini-cluster's image FROM a workload image, once per workload image.
 #
-#   cluster/slurm/build.sh [--workload ddp-cluster:cpu] [--tag ddp-cluster-slurm:bookworm]
+#   cluster/slurm/build.sh --workload ddp-cluster:cpu --tag ddp-cluster-slurm:bookworm     (make slurm-image)
 #
 # The image is labelled with the workload image's id and a digest of this folder's build files:
 # while both are unchanged the build is skipped (a second `make slurm-image` costs a second);
@@ -9,8 +9,8 @@
 # packages over plain http.
 set -euo pipefail
 
-workload=ddp-cluster:cpu
-tag=ddp-cluster-slurm:bookworm
+workload=
+tag=
 while (($#)); do
     case "$1" in
         --workload) workload=$2; shift 2 ;;
@@ -19,6 +19,7 @@ while (($#)); do
         *) echo "error: unknown argument '$1'; see $0 --help" >&2; exit 2 ;;
     esac
 done
+[[ -n $workload && -n $tag ]] || { echo "error: give --workload IMAGE and --tag IMAGE (make slurm-image does)" >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
 label=org.ddp-cluster.workload
 docker info >/dev/null 2>&1 || { echo "error: no Docker engine answers; run 'make engine' first" >&2; exit 2; }

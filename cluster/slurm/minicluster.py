@@ -2,11 +2,13 @@
 """Drive the Slurm mini-cluster (cluster/slurm/compose.yaml): start it, run one batch job on it
 with real sbatch and srun, cancel, show, remove. Stdlib only, like the app's topology command.
 
-    python3 cluster/slurm/minicluster.py up     --image ddp-cluster-slurm:bookworm -- --nodes 2
-    python3 cluster/slurm/minicluster.py job    --image ddp-cluster-slurm:bookworm -- --command check
-    python3 cluster/slurm/minicluster.py job    --image ... -- --launcher srun --command 'train --out /results/x'
-    python3 cluster/slurm/minicluster.py cancel --image ... [--job-id 7]
-    python3 cluster/slurm/minicluster.py status|logs|down --image ...
+    python3 -m cluster.slurm.minicluster up     --image ddp-cluster-slurm:bookworm -- --nodes 2
+    python3 -m cluster.slurm.minicluster job    --image ... --results build/results -- --command check
+    python3 -m cluster.slurm.minicluster job    --image ... --results DIR -- --launcher srun --command 'train'
+    python3 -m cluster.slurm.minicluster cancel --image ... [--job-id 7]
+    python3 -m cluster.slurm.minicluster status|logs|down --image ...
+
+from the repository's root (PYTHONPATH=. when the app is not installed), as make slurm-* runs it.
 
 Everything after ``--`` is a cluster-spec flag of ``python -m app topology`` (``--help`` there
 lists them); the Makefile's knobs pass through as those flags (make slurm-up NODES=3). ``job``
@@ -27,16 +29,17 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+from app import cli
+from app.atomic import atomic_write_text
+from app.errors import ClusterError, UsageError, exit_status_of
+from app.topology import command as topology
+from app.topology import compose, slurm
+from app.topology.spec import ClusterSpec
+from cluster.slurm import slurmconf
 
-from app import cli  # noqa: E402  (the repository's app, without installing it)
-from app.errors import ClusterError, UsageError, exit_status_of  # noqa: E402
-from app.topology import command as topology  # noqa: E402
-from app.topology import slurm, slurmcluster  # noqa: E402
-from app.topology.spec import ClusterSpec  # noqa: E402
-
-COMPOSE_FILE = REPO / "cluster" / "slurm" / "compose.yaml"
+COMPOSE_FILE = Path(__file__).with_name("compose.yaml")
+STATE_DIR = Path("build/slurm")
+"""Where the host renders each mini-cluster's files (slurm.conf, node names), in a folder per project."""
 JOB_DIR = "/results/slurm"
 """The jobs' folder on the shared volume: batch scripts, their outputs, the scripts of SCRIPT jobs."""
 JOB_USER = "app"
@@ -60,10 +63,20 @@ class MiniCluster:
 
     @property
     def project(self) -> str:
-        return slurmcluster.project(self.spec)
+        return slurmconf.project(self.spec)
+
+    @property
+    def folder(self) -> Path:
+        """The mini-cluster's rendered files, which the init service copies into /etc/slurm."""
+        return (STATE_DIR / self.project).resolve()
+
+    def render(self) -> None:
+        """Render the mini-cluster's files once, on the host."""
+        for name, text in slurmconf.cluster_files(self.spec).items():
+            atomic_write_text(self.folder / name, text)
 
     def compose(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
-        env = {**os.environ, **slurmcluster.compose_env(self.spec, self.image)}
+        env = {**os.environ, **slurmconf.compose_env(self.spec, self.image, self.folder)}
         cmd = ["docker", "compose", "-f", str(COMPOSE_FILE), "-p", self.project, *args]
         return _run(cmd, timeout, check, env=env)
 
@@ -101,6 +114,7 @@ def up(mc: MiniCluster) -> int:
     if _run(["docker", "image", "inspect", mc.image], 60, False).returncode != 0:
         raise UsageError(f"image {mc.image} is missing: build it with make slurm-image")
     start = time.monotonic()
+    mc.render()
     wait = ["--wait", "--wait-timeout", str(UP_TIMEOUT_S)]
     proc = mc.compose("up", "--detach", *wait, timeout=UP_TIMEOUT_S + 60, check=False)
     if proc.returncode != 0:
@@ -111,7 +125,7 @@ def up(mc: MiniCluster) -> int:
         )
     mc.attach()
     _say(
-        f"{mc.project} is up in {time.monotonic() - start:.0f}s: controller {slurmcluster.CONTROLLER}, "
+        f"{mc.project} is up in {time.monotonic() - start:.0f}s: controller {slurmconf.CONTROLLER}, "
         f"{mc.spec.nodes.nodes} node(s); jobs run as {JOB_USER}, files in {JOB_DIR} (volume {mc.project}_results)"
     )
     print(mc.run("sinfo").stdout, end="")
@@ -119,7 +133,7 @@ def up(mc: MiniCluster) -> int:
 
 
 def down(mc: MiniCluster) -> int:
-    mc.compose("down", "--volumes", "--remove-orphans", "--timeout", "10", timeout=180)
+    mc.compose("down", "--volumes", "--remove-orphans", "--timeout", str(compose.STOP_GRACE_S), timeout=180)
     label = f"label=com.docker.compose.project={mc.project}"
     left = [
         *_run(["docker", "ps", "-aq", "--filter", label], 60, True).stdout.split(),
@@ -283,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=["up", "down", "status", "logs", "job", "cancel"])
     parser.add_argument("--image", required=True, help="the mini-cluster's image (make slurm-image builds it)")
-    parser.add_argument("--results", type=Path, default=REPO / "build" / "results", help="host folder for /results")
+    parser.add_argument("--results", type=Path, help="job: the host folder that /results is copied to (make: RESULTS)")
     parser.add_argument("--job-id", help="cancel: this job (default: every job of the spec's job name)")
     args = parser.parse_args(ours)
     return exit_status_of(lambda: _act(args, spec_flags))
@@ -293,6 +307,8 @@ def _act(args: argparse.Namespace, spec_flags: list[str]) -> int:
     spec_parser, _ = cli.build_parser("topology")
     mc = MiniCluster(topology.spec_from_args(spec_parser.parse_args(spec_flags)), args.image)
     if args.action == "job":
+        if args.results is None:
+            raise UsageError("job copies /results to the host: give --results DIR (make slurm-job gives RESULTS)")
         return job(mc, args.results)
     if args.action == "cancel":
         return cancel(mc, args.job_id)

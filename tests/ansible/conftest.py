@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from app.topology.spec import Job
 from cluster.nodes import nodes
 
 ANSIBLE_DIR = nodes.REPO / "ansible"
-WORKLOAD_IMAGE = "ddp-cluster:cpu"
+WORKLOAD_IMAGE = Job.image
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -3,12 +3,17 @@
 Run: ``.venv/bin/python -m pytest tests/docker`` (``make test`` runs it too).
 """
 
+import argparse
 import json
 import sys
 
 import pytest
 
-from .conftest import ROOT, explain, project_leftovers, run
+from app.topology import command as topology
+from app.topology import compose
+from app.topology.spec import ClusterSpec
+
+from .conftest import explain, project_leftovers, run
 
 pytestmark = pytest.mark.docker
 
@@ -25,8 +30,11 @@ def test_check_and_training_on_2x2_then_nothing_left(cluster):
     assert report["world_size"] == 4 and report["launcher"] == "torchrun"
     assert sorted(r["rank"] for r in report["ranks"]) == [0, 1, 2, 3]
     assert len(hosts_of(report)) == 2, report["ranks"]
-    # c10d ranks nodes by address; the head container must hold rank 0 (its output is streamed).
-    assert report["ranks"][0]["host"] == "head"
+    # c10d ranks nodes by address; the head container must hold rank 0 (its output is streamed). Every
+    # node's host name is its container's name, as docker ps shows it.
+    assert [r["host"] for r in report["ranks"]] == [
+        f"{cluster.project}-{node}" for node in ("head-1",) * 2 + ("worker-1",) * 2
+    ]
 
     train = cluster.make("cluster-up", "JOB=train --dataset digits --epochs 5 --out /results/digits")
     assert train.returncode == 0, explain(train)
@@ -49,7 +57,7 @@ def test_user_script_runs_unchanged_and_each_run_shows_only_its_own_output(clust
         proc = cluster.make("cluster-up", "SCRIPT=cluster/jobs/minimal_ddp.py", "ARGS=--steps 5", "NPROC_PER_NODE=1")
         assert proc.returncode == 0, explain(proc)
         # Only the head container (global rank 0) is streamed, and only this run's output.
-        assert proc.stdout.count("minimal_ddp rank 0/2 on head") == 1, explain(proc)
+        assert proc.stdout.count(f"minimal_ddp rank 0/2 on {cluster.project}-head-1") == 1, explain(proc)
 
 
 def test_failing_job_fails_cluster_up(cluster):
@@ -72,7 +80,8 @@ def test_mpi_profile_runs_check_over_ssh(cluster):
     assert proc.returncode == 0, explain(proc)
     report = cluster.json("check.json")
     assert report["ok"] and report["launcher"] == "openmpi", report
-    assert report["world_size"] == 4 and len(hosts_of(report)) == 2, report["ranks"]
+    assert report["world_size"] == 4, report["ranks"]
+    assert hosts_of(report) == {f"{cluster.project}-mpi-worker-{i}" for i in (1, 2)}, report["ranks"]
 
 
 @pytest.mark.parametrize(
@@ -106,22 +115,29 @@ def test_bad_runner_arguments_are_one_line_errors(engine):
         assert proc.returncode == 2 and message in proc.stderr and proc.stderr.count("\n") == 1, explain(proc)
 
 
-def test_compose_reads_every_value_from_the_rendered_env_file(engine):
-    """compose.yaml has no defaults of its own: without the env file it refuses to start."""
-    bare = run(["docker", "compose", "--env-file", "/dev/null", "-f", str(ROOT / "compose.yaml"), "config"], 60)
-    assert bare.returncode != 0 and "render the env file first" in bare.stderr, explain(bare)
+def test_compose_reads_every_value_from_the_rendered_files(engine):
+    """compose.yaml has no defaults of its own: without the rendered env file it refuses to start."""
+    bare = run(["docker", "compose", "--env-file", "/dev/null", "-f", str(compose.COMPOSE_FILE), "config"], 60)
+    assert bare.returncode != 0 and "render the files first" in bare.stderr, explain(bare)
 
 
-def _config(tmp_path, *flags: str, files: tuple[str, ...] = ("compose.yaml",)) -> dict:
-    """compose's resolved configuration for the env file that the spec renders with FLAGS."""
-    env = tmp_path / "cluster.env"
-    rendered = run([sys.executable, "-m", "app", "topology", *flags, "--format", "compose", "--output", str(env)], 60)
+def _config(tmp_path, *flags: str) -> dict:
+    """compose's resolved configuration for the files that the spec renders with FLAGS."""
+    rendered = run([sys.executable, "-m", "app", "topology", *flags, "--format", "compose-files", "--output-dir",
+                    str(tmp_path)], 60)  # fmt: skip
     assert rendered.returncode == 0, explain(rendered)
-    paths = [arg for f in files for arg in ("-f", str(ROOT / f))]
-    compose = ["docker", "compose", "--env-file", str(env), *paths, "--profile", "mpi"]
-    proc = run([*compose, "config", "--format", "json"], 60)
+    spec = spec_of(flags)
+    proc = run(["docker", "compose", *compose.compose_args(spec, tmp_path), "--profile", "mpi", "config", "--format",
+                "json"], 60)  # fmt: skip
     assert proc.returncode == 0, explain(proc)
     return json.loads(proc.stdout)
+
+
+def spec_of(flags: tuple[str, ...]) -> ClusterSpec:
+    """The spec that ``python -m app topology FLAGS`` describes."""
+    parser = argparse.ArgumentParser()
+    topology.add_spec_arguments(parser)
+    return topology.spec_from_args(parser.parse_args(flags))
 
 
 def test_compose_file_publishes_nothing_and_isolates_the_network(engine, tmp_path):
@@ -131,19 +147,24 @@ def test_compose_file_publishes_nothing_and_isolates_the_network(engine, tmp_pat
     assert all(s["cap_drop"] == ["ALL"] for s in services.values())
     assert config["networks"]["cluster"]["internal"] is True
     assert "version" not in config
-    assert services["worker"]["scale"] == 2 and services["mpi-worker"]["scale"] == 3
+    running = {name: s for name, s in services.items() if s.get("scale", 1)}
+    assert sorted(running) == ["head", "init", "launcher", *(f"mpi-worker-{i}" for i in (1, 2, 3)), "worker-1",
+                               "worker-2"]  # fmt: skip
+    for name, service in running.items():  # a node's host name is its container's name
+        assert name == "init" or service["hostname"] == service["container_name"] == f"ddp-cluster-{name}" + (
+            "-1" if name in ("head", "launcher") else ""
+        ), service
 
 
 @pytest.mark.parametrize(("flags", "policy"), [((), "on-failure:3"), (("--max-restarts", "1"), "on-failure:1"),
                                                (("--max-restarts", "0"), "no")])  # fmt: skip
 def test_a_crashed_worker_is_restarted_at_most_max_restarts_times(engine, tmp_path, flags, policy):
-    assert _config(tmp_path, *flags)["services"]["worker"]["restart"] == policy
+    assert _config(tmp_path, *flags)["services"]["worker-1"]["restart"] == policy
 
 
 def test_gpu_override_reserves_gpus_for_every_node(engine, tmp_path):
-    flags = ("--gpus-per-node", "2", "--image", "ddp-cluster:cuda")
-    services = _config(tmp_path, *flags, files=("compose.yaml", "compose.gpu.yaml"))["services"]
-    for name in ("head", "worker", "mpi-worker"):
+    services = _config(tmp_path, "--gpus-per-node", "2", "--image", "ddp-cluster:cuda")["services"]
+    for name in ("head", "worker-1", "mpi-worker-1", "mpi-worker-2"):
         devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
         assert devices[0]["capabilities"] == ["gpu"] and devices[0]["count"] == 2, services[name]
         assert services[name]["image"] == "ddp-cluster:cuda"

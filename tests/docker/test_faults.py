@@ -19,6 +19,7 @@ import uuid
 import pytest
 import torch
 
+from app.topology.compose import STOP_GRACE_S  # the other containers stop within it once the head is gone
 from cluster.faults.drive import COLLECTIVE_TIMEOUT, FINAL_STEP, OUT, FaultRun, explain
 
 from .conftest import project_leftovers, run
@@ -27,8 +28,6 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 FAULT_STEP = 25
 HOOKS = ["--fault-at-step", str(FAULT_STEP), "--fault-rank", "3", "--slow-ms", "500"]
-STOP_GRACE_S = 10
-"""app/orchestrate/runner.py's: the other containers stop within it once the head is gone."""
 RESUMED = re.compile(
     r"; resumed from step (?P<step>\d+) \(checkpoint /results/f/checkpoints/step-\d{8}\.pt\), "
     r"(?P<lost>\d+) steps? lost \(the failed attempt reached step (?P<reached>\d+)\)$"
@@ -188,7 +187,8 @@ def disk_full_then_freed(fault_run: FaultRun, reference: dict, volume: str, hold
     assert done.returncode == 1, explain(done)
     path = f"{OUT}/checkpoints/step-00000030.pt"
     assert re.search(
-        rf"^error: rank 0 on head: could not write checkpoint {path} \(No space left on device\): free some space "
+        rf"^error: rank 0 on {fault_run.container('head')}: could not write checkpoint {path} "
+        r"\(No space left on device\): free some space "
         r"or choose another --out; the earlier checkpoints are intact \[exit 1; log \S+\]$",
         done.stderr,
         re.M,

@@ -48,7 +48,9 @@ def test_links_names_the_throttled_container_and_only_it(cluster, throttle_image
     clean = cluster.make("cluster-links", "NODES=3", "NPROC_PER_NODE=1", LINKS_ARGS)
     assert clean.returncode == 0, explain(clean)
     report = cluster.json("links/links.json")
-    assert len(report["nodes"]) == 3 and report["nodes"][0] == "head"
+    head, workers = f"{cluster.project}-head-1", [f"{cluster.project}-worker-{i}" for i in (1, 2)]
+    assert report["nodes"] == [head, *workers], "every node is named as docker ps names its container"
+    assert f"{head} " in clean.stdout and all(f"{w} " in clean.stdout for w in workers), explain(clean)
     assert report["slow_nodes"] == [] and report["slow_links"] == [] and report["below_fail"] == []
     assert "verdict: no slow node or link" in clean.stdout
 
@@ -57,8 +59,7 @@ def test_links_names_the_throttled_container_and_only_it(cluster, throttle_image
     cmd += [f"CLUSTER={cluster.project}", f"RESULTS={cluster.results}", "NODES=3", "NPROC_PER_NODE=1", LINKS_ARGS]
     job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        head = _running_head(cluster.project)
-        netns = ["--network", f"container:{head}", "--cap-add", "NET_ADMIN"]
+        netns = ["--network", f"container:{_running_head(cluster.project)}", "--cap-add", "NET_ADMIN"]
         tc = run(["docker", "run", "--rm", *netns, throttle_image, *TBF], 120)
         assert tc.returncode == 0, explain(tc)
         out, err = job.communicate(timeout=600)
@@ -69,10 +70,10 @@ def test_links_names_the_throttled_container_and_only_it(cluster, throttle_image
     throttled = subprocess.CompletedProcess(job.args, job.returncode, out, err)
     assert throttled.returncode != 0, explain(throttled)  # --fail-below 0.1 is crossed
     report = cluster.json("links/links.json")
-    assert report["slow_nodes"] == [{"node": "head", "direction": "send"}], explain(throttled)
+    assert report["slow_nodes"] == [{"node": head, "direction": "send"}], explain(throttled)
     assert report["slow_links"] == []
-    assert {(s["src"], s["dst"]) for s in report["below_fail"]} == {("head", n) for n in report["nodes"][1:]}
-    assert "verdict: slow: node head (sends slowly" in throttled.stdout
+    assert {(s["src"], s["dst"]) for s in report["below_fail"]} == {(head, n) for n in workers}
+    assert f"verdict: slow: node {head} (sends slowly" in throttled.stdout
     assert (cluster.results / "links" / "links.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -82,6 +83,8 @@ def test_comm_across_containers(cluster) -> None:
     assert done.returncode == 0, explain(done)
     report = cluster.json("comm/cluster.json")
     assert report["ok"] and report["world_size"] == 4 and report["nodes"] == 2, report["failures"]
+    head, worker = f"{cluster.project}-head-1", f"{cluster.project}-worker-1"
+    assert report["hosts"] == [head, head, worker, worker], "ranks named by their containers, as docker ps names them"
     assert {r["op"] for r in report["results"]} == {
         "all_reduce",
         "all_gather",

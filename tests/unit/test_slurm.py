@@ -1,8 +1,8 @@
-"""Slurm batch scripts and the Slurm mini-cluster's files, rendered from the cluster spec: golden
-files for both batch styles and slurm.conf, and a one-line error for each bad field.
+"""Slurm batch scripts rendered from the cluster spec: golden files for both batch styles, and a
+one-line error for each bad field. (The Slurm mini-cluster's own files: tests/slurm/test_rig_files.py.)
 
 Regenerate a golden file after an intended change (then read its diff):
-    python -m app topology <FLAGS of GOLDEN below> > tests/unit/golden/<name>   (slurm.conf: from --output-dir)
+    python -m app topology <FLAGS of GOLDEN below> > tests/unit/golden/<name>
 """
 
 import shlex
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from app import cli
-from app.topology import slurm, slurmcluster, spec
+from app.topology import slurm, spec
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 GOLDEN = {
@@ -27,26 +27,25 @@ GOLDEN = {
         "--output-pattern logs/%x-%j.out --error-pattern logs/%x-%j.err "
         "--command \"check --json '/shared/runs/lab check.json'\" --format sbatch"
     ),
-    "slurm.conf": "--name lab --nodes 3 --nproc-per-node 2 --cpus-per-rank 2 --format slurm-files --output-dir {dir}",
 }
 
 
-def _render(flags: str, tmp_path: Path) -> str:
-    """What `python -m app topology FLAGS` prints (or writes, for the formats with files)."""
+def _render(flags: str) -> str:
+    """What `python -m app topology FLAGS` prints."""
     proc = subprocess.run(
-        [sys.executable, "-m", "app", "topology", *shlex.split(flags.format(dir=tmp_path))],
+        [sys.executable, "-m", "app", "topology", *shlex.split(flags)],
         capture_output=True,
         text=True,
         check=False,
         cwd=Path(__file__).resolve().parents[2],
     )
     assert proc.returncode == 0, proc.stderr
-    return (tmp_path / "slurm.conf").read_text() if "--output-dir" in flags else proc.stdout
+    return proc.stdout
 
 
 @pytest.mark.parametrize("name", GOLDEN)
-def test_golden(name: str, tmp_path: Path) -> None:
-    rendered = _render(GOLDEN[name], tmp_path)
+def test_golden(name: str) -> None:
+    rendered = _render(GOLDEN[name])
     expected = (GOLDEN_DIR / name).read_text()
     assert rendered == expected, f"regenerate: python -m app topology {GOLDEN[name]} > tests/unit/golden/{name}"
 
@@ -93,51 +92,3 @@ def test_bad_field_is_one_line_naming_it(flags: str, message: str, capsys: pytes
     status = cli.main(["topology", *shlex.split(flags), "--format", "sbatch"])
     err = capsys.readouterr().err
     assert status == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1, err
-
-
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        ("--nodes 17", "--nodes 17: the Slurm mini-cluster is for one machine"),
-        ("--gpus-per-node 1 --nproc-per-node 1", "the Slurm mini-cluster has no GPUs"),
-        ("--mpi cray_shasta", "--mpi cray_shasta: the mini-cluster's srun has pmi2, pmix, none"),
-    ],
-)
-def test_mini_cluster_refuses_what_it_cannot_be(flags: str, message: str, tmp_path: Path, capsys) -> None:
-    status = cli.main(["topology", *shlex.split(flags), "--format", "slurm-files", "--output-dir", str(tmp_path)])
-    err = capsys.readouterr().err
-    assert status == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1, err
-
-
-def test_mini_cluster_node_names_match_the_node_line() -> None:
-    two = spec.build({"job": {"name": "t"}, "nodes": {"nodes": 2}})
-    assert slurmcluster.node_names(two) == ["t-slurm-node-1", "t-slurm-node-2"]
-    assert "NodeName=t-slurm-node-[1-2] CPUs=2 " in slurmcluster.slurm_conf(two)
-    one = spec.build({"job": {"name": "t"}, "nodes": {"nodes": 1}})
-    assert "NodeName=t-slurm-node-1 CPUs=2 " in slurmcluster.slurm_conf(one)
-
-
-SCONTROL = (
-    "JobId=3 JobName=slx UserId=app(1000) GroupId=app(1000) MCS_label=N/A Priority=1 Nice=0 Account=(null) "
-    "QOS=(null) JobState=FAILED Reason=NonZeroExitCode Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 "
-    "Reboot=0 ExitCode=2:0 RunTime=00:00:31 TimeLimit=00:20:00 NodeList=slx-slurm-node-[1-2] "
-    "Command=/results/slurm/slx-20261122-114158.sbatch WorkDir=/results/slurm StdErr=/results/slurm/slx-3.out "
-    "StdIn=/dev/null StdOut=/results/slurm/slx-3.out Power="
-)
-"""`scontrol show job --oneliner 3` on the mini-cluster (abridged), for a job whose ranks exited 2."""
-
-
-def test_the_job_report_reads_scontrol() -> None:
-    from cluster.slurm import minicluster
-
-    fields = minicluster.job_fields(SCONTROL)
-    assert (fields["JobState"], fields["StdOut"], fields["NodeList"]) == (
-        "FAILED",
-        "/results/slurm/slx-3.out",
-        "slx-slurm-node-[1-2]",
-    )
-    assert minicluster.exit_status(fields) == 2
-    cancelled = {"JobState": "CANCELLED", "ExitCode": "0:15"}
-    assert minicluster.exit_status(cancelled) == 143  # 128 + SIGTERM, as a shell says it
-    assert minicluster.exit_status({"JobState": "CANCELLED", "ExitCode": "0:0"}) == 1  # cancelled while pending
-    assert minicluster.exit_status({"JobState": "COMPLETED", "ExitCode": "0:0"}) == 0

@@ -1,8 +1,8 @@
-"""The Slurm mini-cluster's view of a spec: its compose project and node names, the environment
-that cluster/slurm/compose.yaml reads, and the files its init service writes into /etc/slurm.
+"""The Slurm mini-cluster's view of a spec (a test rig, not the product): its compose project and node
+names, the environment that cluster/slurm/compose.yaml reads, and the files that the host renders
+once and the init service copies into /etc/slurm.
 
-    make slurm-up NODES=2                                       # cluster/slurm/minicluster.py up
-    python -m app topology --spec-json "$CLUSTER_SPEC" --format slurm-files --output-dir /etc/slurm  # init
+    make slurm-up NODES=2                   # python3 -m cluster.slurm.minicluster up: renders them here
 
 The controller's host name is ``slurmctld``; compose names the compute nodes
 ``<name>-slurm-node-<i>``, which the engine's DNS resolves, and slurm.conf uses those names, so
@@ -11,7 +11,8 @@ nproc_per_node x cpus_per_rank CPUs; its memory is not scheduled (``CR_CPU``).
 """
 
 import hashlib
-import json
+import os
+from pathlib import Path
 
 from app.errors import UsageError
 from app.topology import compose
@@ -52,8 +53,9 @@ def check(spec: ClusterSpec) -> None:
         raise UsageError(f"--mpi {spec.slurm.mpi}: the mini-cluster's srun has {', '.join(MPI_PLUGINS)}")
 
 
-def compose_env(spec: ClusterSpec, image: str) -> dict[str, str]:
-    """The variables cluster/slurm/compose.yaml reads (the driver runs compose with them).
+def compose_env(spec: ClusterSpec, image: str, folder: Path) -> dict[str, str]:
+    """The variables cluster/slurm/compose.yaml reads (the driver runs compose with them), for the files
+    rendered into ``folder``.
 
     SLURM_CONF_DIGEST changes with slurm.conf, so that `up` with another shape recreates the
     daemons (they read slurm.conf once) and leaves a cluster of the same shape as it is.
@@ -63,8 +65,10 @@ def compose_env(spec: ClusterSpec, image: str) -> dict[str, str]:
         "COMPOSE_PROJECT_NAME": project(spec),
         "SLURM_IMAGE": image,
         "NODES": str(spec.nodes.nodes),
-        "CLUSTER_SPEC": json.dumps(spec.as_dict(), separators=(",", ":")),
+        "SLURM_FILES": os.fspath(Path(folder).resolve()),
         "SLURM_CONF_DIGEST": hashlib.sha256(slurm_conf(spec).encode()).hexdigest()[:16],
+        "STOP_GRACE": f"{compose.STOP_GRACE_S}s",
+        "SHM_SIZE": compose.SHM_SIZE,
     }
 
 
@@ -108,7 +112,7 @@ def slurm_conf(spec: ClusterSpec) -> str:
     }
     lines = [
         f"# slurm.conf of the Slurm mini-cluster {project(spec)}: rendered from the cluster spec by",
-        "# `python -m app topology --format slurm-files` (cluster/slurm/slurm-init); edit the spec, not this.",
+        "# cluster/slurm/slurmconf.py (make slurm-up); edit the spec, not this.",
         *(f"{key}={value}" for key, value in settings.items()),
         f"NodeName={nodes} CPUs={cpus} RealMemory={REAL_MEMORY_MB} State=UNKNOWN",
         f"PartitionName={spec.slurm.partition or DEFAULT_PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
@@ -117,5 +121,5 @@ def slurm_conf(spec: ClusterSpec) -> str:
 
 
 def cluster_files(spec: ClusterSpec) -> dict[str, str]:
-    """What the init service writes into /etc/slurm, by file name."""
+    """What the init service copies into /etc/slurm, by file name."""
     return {"slurm.conf": slurm_conf(spec), "nodenames": "".join(f"{name}\n" for name in node_names(spec))}

@@ -1,0 +1,57 @@
+"""The compose cluster's files, rendered once on the host: names, rank order, every node's command.
+
+Run: ``.venv/bin/python -m pytest tests/unit/test_compose.py`` (under a second).
+"""
+
+import json
+
+from app import cli
+from app.topology import compose, render
+from app.topology.spec import build
+
+SPEC = build({"nodes": {"nodes": 11, "nproc_per_node": 2}, "job": {"name": "demo", "command": "check"}})
+
+
+def test_every_node_is_named_as_docker_names_its_container_and_host():
+    services = json.loads(compose.nodes_file(SPEC))["services"]
+    assert services["head"]["hostname"] == services["head"]["container_name"] == "demo-head-1"
+    assert services["worker-10"]["hostname"] == services["worker-10"]["container_name"] == "demo-worker-10"
+    assert services["mpi-worker-11"]["hostname"] == "demo-mpi-worker-11"
+    assert services["worker-3"]["extends"] == {"file": str(compose.COMPOSE_FILE), "service": "worker"}
+    assert services["worker-3"]["command"] == ["--local-addr=demo-worker-3", "-m", "app", "check"]
+    assert services["launcher"]["command"] == ["python", "-m", "app", "check"]
+    assert len([name for name in services if name.startswith("worker-")]) == 10
+
+
+def test_ranks_follow_c10ds_order_of_the_rendered_addresses():
+    """c10d sorts the nodes' addresses: worker-10 comes before worker-2; the head is always first."""
+    order = compose.rank_order(SPEC)
+    assert order[:4] == ["demo-head-1", "demo-worker-1", "demo-worker-10", "demo-worker-2"]
+    assert compose.node_ranks(SPEC, "demo-head-1") == [0, 1]
+    assert compose.node_ranks(SPEC, "demo-worker-10") == [4, 5]
+    assert compose.node_ranks(SPEC, "demo-worker-2") == [6, 7]
+    assert compose.node_ranks(SPEC, "demo-init-1") == []
+    addresses = {c.split("=", 1)[1] for s in json.loads(compose.nodes_file(SPEC))["services"].values()
+                 for c in s.get("command", [])[:1] if c.startswith("--local-addr=")}  # fmt: skip
+    assert sorted(addresses) == order, "the ranks are computed from the addresses that nodes.yaml gives"
+
+
+def test_the_nodes_get_rendered_files_not_the_spec(tmp_path):
+    files = compose.cluster_files(SPEC, tmp_path)
+    assert sorted(files) == ["compose.env", "job/README", "node/cluster.env", "node/hostfile", "node/mpirun.args",
+                             "node/torchrun.args", "nodes.yaml"]  # fmt: skip
+    assert "CLUSTER_SPEC" not in files["compose.env"] and "{" not in files["compose.env"]
+    assert f"NODE_FILES='{tmp_path.resolve()}/node'" in files["compose.env"]
+    assert files["node/torchrun.args"].split() == render.torchrun_args(SPEC, compose.torchrun_hosts(SPEC))
+    assert "--rdzv-endpoint=demo-head-1:29500" in files["node/torchrun.args"]
+    assert "MASTER_ADDR=demo-head-1\n" in files["node/cluster.env"]
+
+
+def test_topology_writes_the_compose_files(tmp_path, capsys):
+    assert cli.main(["topology", "--nodes", "3", "--format", "compose-files", "--output-dir", str(tmp_path)]) == 0
+    assert (
+        json.loads((tmp_path / "nodes.yaml").read_text())["services"]["worker-2"]["hostname"] == "ddp-cluster-worker-2"
+    )
+    assert (tmp_path / "node" / "torchrun.args").read_text().startswith("--nnodes=3 ")
+    assert cli.main(["topology", "--format", "compose-path"]) == 0
+    assert capsys.readouterr().out == f"{compose.COMPOSE_FILE}\n" and compose.COMPOSE_FILE.is_file()
