@@ -90,8 +90,8 @@ def _resources(spec: ClusterSpec) -> dict:
 def _container(spec: ClusterSpec, name: str, command: list[str], port_name: str, mounts: list[dict]) -> dict:
     """The node's container: unprivileged, read-only root, the spec's resources."""
     container: dict = {"name": name, "image": spec.job.image, "imagePullPolicy": "IfNotPresent", "command": command}
-    if spec.rendezvous.ifname:
-        container["env"] = [{"name": n, "value": spec.rendezvous.ifname} for n in envvars.IFNAME_VARIABLES]
+    values = dict.fromkeys(envvars.IFNAME_VARIABLES, spec.rendezvous.ifname) if spec.rendezvous.ifname else {}
+    container["env"] = [{"name": n, "value": v} for n, v in (values | envvars.FLIGHT_RECORDER).items()]
     return container | {
         "ports": [{"name": port_name, "containerPort": spec.rendezvous.master_port, "protocol": "TCP"}],
         "resources": _resources(spec),
