@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -103,6 +104,11 @@ def this_process(cfg: DistConfig) -> ProcessInfo:
 def dist_config_from_args(args: argparse.Namespace) -> DistConfig:
     """The DistConfig that add_dist_arguments' flags describe."""
     return DistConfig(backend=args.backend, timeout_s=args.timeout, ifname=args.ifname, init_method=args.init_method)
+
+
+def record_collectives(folder: Path) -> Path:
+    """Torch's flight recorder on, before the group starts; its dumps' prefix (launcher.record_collectives)."""
+    return launcher.record_collectives(folder)
 
 
 def rendezvous_store(proc: ProcessInfo, timeout: timedelta) -> dist.Store:

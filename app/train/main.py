@@ -15,9 +15,10 @@ from app.runtime.distributed import (
     add_dist_arguments,
     dist_config_from_args,
     process_group,
+    record_collectives,
     this_process,
 )
-from app.train import checkpoint, data, models, watch
+from app.train import checkpoint, data, flight, models, watch
 from app.train.config import SECTIONS, TrainConfig
 from app.train.report import Reporter
 from app.train.sync import main_decides
@@ -90,6 +91,7 @@ def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], N
     """
     proc = this_process(dist_cfg)
     doctor.preflight(proc, dist_cfg)  # a bad rendezvous: one line now, not a hang later
+    dumps = record_collectives(cfg.output.out / "flight")  # torch's flight recorder, before the group
     with process_group(proc, dist_cfg) as ctx, Reporter.of(cfg.output, ctx.proc.is_main) as reporter:
         trainer = Trainer(cfg, ctx, prepare_data(cfg, ctx), reporter, step_hooks=[reporter.after_step])
         trainer.progress = progress.Recorder(cfg.output.out) if ctx.proc.is_main else None
@@ -105,12 +107,15 @@ def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], N
                 print(_nothing_left_line(cfg, trainer, earlier), flush=True)
             return earlier
         try:
-            summary = trainer.fit()
+            nccl = ctx.backend == "nccl"
+            with flight.Recorder(dumps, ctx.proc.rank, dist_cfg.timeout_s, trainer.watch.stage, trace=not nccl):
+                summary = trainer.fit()
         except RuntimeError as error:  # a collective that timed out or lost a peer: name the ranks that stopped
             if not watch.collective_failed(error):
                 raise
             ctx.mark_broken(first_line(error))
-            raise ClusterError(trainer.watch.explain(error)) from error
+            found = flight.read(dumps, ctx.proc.world_size, trainer.watch.hosts)  # where the silent ranks were
+            raise ClusterError("; ".join(filter(None, [trainer.watch.explain(error), found]))) from error
         reporter.finish(summary)
         return summary
 

@@ -7,6 +7,7 @@ The fault hooks are the fault suite's test job (cluster/faults/fault_job.py).
 """
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -79,3 +80,35 @@ def test_the_slowest_rank_is_named_in_metrics_and_on_the_console(tmp_path, slow)
     assert all(m["busy_ms"][slow] > m["busy_ms"][1 - slow] + 20 for m in ranks), ranks
     said = [line for line in results[0][0].splitlines() if "(a straggler)" in line]
     assert len(said) == 1 and said[0].startswith(f"train: rank {slow} on "), results[0][0][-3000:]
+
+
+@pytest.mark.parametrize("hung", [1, 0])
+def test_the_flight_recorder_names_the_collective_and_the_line_a_hung_rank_is_at(tmp_path, hung):
+    """A rank sleeps inside a step past --timeout: the others' line names the collective it never joined, its
+    sequence number, the rank and host, and the hook's line (torch's flight recorder, read by torch's analysis)."""
+    out = tmp_path / "out"
+    hooks = ["--marker", str(tmp_path / "fault.json"), "--fault-at-step", "6", "--fault-rank", str(hung)]
+    hooks += ["--hang-s", str(4 * COLLECTIVE_TIMEOUT)]
+    train_args = synthetic(out, "--train-samples", "512", "--epochs", "1", "--batch-size", "8")
+    procs = start_ranks(3, hooks, [*train_args, "--timeout", str(COLLECTIVE_TIMEOUT)], tmp_path)
+    try:
+        answering = [p for rank, p in enumerate(procs) if rank != hung]
+        results = [p.communicate(timeout=TIMEOUT) for p in answering]
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+    line_no = next(i for i, text in enumerate(JOB.read_text().splitlines(), 1) if "HANG_LINE" in text)
+    host = socket.gethostname()
+    for proc, (_stdout, stderr) in zip(answering, results, strict=True):
+        assert proc.returncode == 1, stderr[-3000:]
+        line = ERROR_LINE.match(stderr.splitlines()[-1])
+        assert line, stderr[-3000:]
+        cause = line["cause"]
+        assert cause.startswith(f"rank {hung} on {host} stopped answering: the gradient all-reduce of step 7 "), cause
+        found = re.search(r"flight recorder: gloo:all_reduce #(\d+) \(sequence number\) of group (\S+) was never "
+                          r"joined by rank (\d+) on (\S+) at (\S+):(\d+) in (\w+); dumps in (\S+)", cause)  # fmt: skip
+        assert found, cause
+        assert found[3] == str(hung) and found[4] == host and int(found[1]) > 6, cause
+        assert (found[5], int(found[6]), found[7]) == ("cluster/faults/fault_job.py", line_no, "hook"), cause
+        assert Path(found[8]) == out / "flight"
