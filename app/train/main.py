@@ -106,14 +106,15 @@ def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], N
                 reporter.event("nothing_left", step=trainer.pos.step, resumed_from=trainer.resumed_from)
                 print(_nothing_left_line(cfg, trainer, earlier), flush=True)
             return earlier
+        recorder = flight.Recorder(dumps, ctx.proc.rank, dist_cfg.timeout_s, trainer.watch.stage, ctx.backend != "nccl")
         try:
-            nccl = ctx.backend == "nccl"
-            with flight.Recorder(dumps, ctx.proc.rank, dist_cfg.timeout_s, trainer.watch.stage, trace=not nccl):
+            with recorder:
                 summary = trainer.fit()
         except RuntimeError as error:  # a collective that timed out or lost a peer: name the ranks that stopped
             if not watch.collective_failed(error):
                 raise
             ctx.mark_broken(first_line(error))
+            recorder.dump(trainer.watch.stage()[0])  # this rank's side of the failed collective
             found = flight.read(dumps, ctx.proc.world_size, trainer.watch.hosts)  # where the silent ranks were
             raise ClusterError("; ".join(filter(None, [trainer.watch.explain(error), found]))) from error
         reporter.finish(summary)
