@@ -26,8 +26,12 @@ median / s^k, with s = max(exp(1.4826 x MAD of ln bandwidth), 1.25) over all lin
 geometric one; MAD: median absolute deviation; 1.4826 x MAD estimates the standard deviation of
 normal noise; --k, default 3). The floor 1.25 keeps steady links from flagging small differences:
 with k = 3 a link is slow only below median / 1.95, about half the median, or lower where the
-links are noisy. A node is named when all its links in one direction are slow (it sends or
-receives slowly); a link is named when it is slow and no named node explains it. The rule needs
+links are noisy. A node is named when its links in one direction are slow as a group (it sends or
+receives slowly): their geometric mean is below the median of the links that do not touch it
+/ s^(k / sqrt(m)), m its links in that direction (a mean of m links has 1/sqrt(m) of one link's
+noise), and each of them below that median / s^(k/2): with 3 nodes below 0.62 of the others, with 4
+below 0.68 (each link below 0.72), so a node at half speed is named in every run where its single
+links straddle the one-link threshold. A link is named when it is slow and no named node explains it. The rule needs
 3 or more nodes (with 2 only --fail-below judges) and holds while fewer than half the links are
 slow; with 3 nodes one noisy link besides a slow node can hide it, so use 4 or more where you can.
 
@@ -156,23 +160,43 @@ def off_diagonal(matrix: list[list[float | None]]) -> dict[tuple[int, int], floa
     return {(i, j): v for i, row in enumerate(matrix) for j, v in enumerate(row) if i != j and v is not None}
 
 
+def robust_threshold(values: list[float], k: float) -> tuple[float, float, float, float]:
+    """The outlier rule over ``values`` (bandwidth, throughput: higher is better): (geometric median, MAD of the
+    logarithms, s, median / s^k). Below the threshold a value is slow; see the module docstring."""
+    logs = [math.log(max(v, 1e-12)) for v in values] or [0.0]
+    center = statistics.median(logs)
+    mad_log = statistics.median(abs(x - center) for x in logs)
+    spread = max(math.exp(MAD_SCALE * mad_log), MIN_SPREAD)
+    return math.exp(center), mad_log, spread, math.exp(center) / spread**k
+
+
+def slow_as_a_group(group: list[float], others: list[float], spread: float, k: float) -> bool:
+    """Whether ``group`` (one part's figures: a node's links in one direction) is slow as a whole: its geometric
+    mean below the others' geometric median / s^(k / sqrt(len(group))), and each of its figures below that
+    median / s^(k / 2). The mean of m figures has 1/sqrt(m) of one figure's noise, so a part at half speed is
+    told apart in every run, where its single figures straddle the one-figure threshold (a node at 0.5 against
+    a threshold at 0.51); the second condition keeps one very slow figure from condemning its whole group."""
+    if not group or not others:
+        return False
+    mean = math.exp(statistics.fmean(math.log(max(v, 1e-12)) for v in group))
+    reference = math.exp(statistics.median(math.log(max(v, 1e-12)) for v in others))
+    every = all(v < reference / spread ** (k / 2) for v in group)
+    return every and mean < reference / spread ** (k / math.sqrt(len(group)))
+
+
 def judge(matrix: list[list[float | None]], k: float) -> Verdict:
     """Apply the outlier rule (see the module docstring) to a bandwidth matrix."""
     links = off_diagonal(matrix)
     n = len(matrix)
-    values = list(links.values())
-    logs = [math.log(max(v, 1e-12)) for v in values] or [0.0]
-    center = statistics.median(logs)
-    mad_log = statistics.median(abs(x - center) for x in logs)
+    median, mad_log, spread, threshold = robust_threshold(list(links.values()), k)
     if n < 3:
-        return Verdict(math.exp(center), mad_log, None, None, [], [])
-    spread = max(math.exp(MAD_SCALE * mad_log), MIN_SPREAD)
-    threshold = math.exp(center) / spread**k
+        return Verdict(median, mad_log, None, None, [], [])
     slow = {link for link, v in links.items() if v < threshold}
     nodes = []
     for node in range(n):
-        sends = all((node, j) in slow for j in range(n) if j != node)
-        receives = all((j, node) in slow for j in range(n) if j != node)
+        others = [v for (a, b), v in links.items() if node not in (a, b)]
+        sends = slow_as_a_group([v for (a, _), v in links.items() if a == node], others, spread, k)
+        receives = slow_as_a_group([v for (_, b), v in links.items() if b == node], others, spread, k)
         if sends or receives:
             nodes.append((node, "both" if sends and receives else "send" if sends else "receive"))
     named = dict(nodes)
@@ -181,7 +205,7 @@ def judge(matrix: list[list[float | None]], k: float) -> Verdict:
         return named.get(src) in ("send", "both") or named.get(dst) in ("receive", "both")
 
     slow_links = sorted(link for link in slow if not explained(*link))
-    return Verdict(math.exp(center), mad_log, spread, threshold, nodes, slow_links)
+    return Verdict(median, mad_log, spread, threshold, nodes, slow_links)
 
 
 def below(matrix: list[list[float | None]], median: float, fraction: float | None) -> list[tuple[int, int]]:
