@@ -375,9 +375,9 @@ def format_verdict(report: dict) -> list[str]:
 
 def _direction(direction: str) -> str:
     return {
-        "send": "sends slowly: every link from it is slow",
-        "receive": "receives slowly: every link to it is slow",
-    }.get(direction, "every link from and to it is slow")
+        "send": "sends slowly: its links from it are slow together",
+        "receive": "receives slowly: its links to it are slow together",
+    }.get(direction, "its links from and to it are slow together")
 
 
 def format_report(report: dict) -> str:
