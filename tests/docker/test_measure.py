@@ -21,7 +21,7 @@ THROTTLE_IMAGE = "ddp-cluster-node:bookworm"  # has iproute2 (tc); `make ansible
 # 1 MiB transfers: 0.4 s at 20 Mbit/s, about 1 ms unthrottled; the best of 10 visits per link rides out
 # a busy machine's scheduling noise and keeps the run short.
 LINKS_ARGS = "LINKS_ARGS=--bytes 1M --iters 10 --fail-below 0.1"
-HALF_ARGS = "LINKS_ARGS=--iters 5"  # 16 MiB transfers: longer than tbf's 1 MB burst
+HALF_ARGS = "LINKS_ARGS=--bytes 4M --iters 5"  # 4 MiB transfers: four times tbf's 1 MB burst
 TBF = ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "20mbit", "burst", "32kbit", "latency", "400ms"]
 
 
@@ -104,6 +104,7 @@ def _throttled_links(cluster, rate_mbit: int) -> dict:
     return cluster.json("links/links.json")
 
 
+@pytest.mark.timeout(1800)
 def test_a_node_at_half_speed_gets_the_same_verdict_every_run(cluster, throttle_image) -> None:
     """The defect: the head at about half the median bandwidth gave three verdicts in three identical runs (the
     node, one link, nothing). Three runs with its egress held to half the clean median must all name it."""
