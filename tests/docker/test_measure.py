@@ -107,11 +107,11 @@ def _throttled_links(cluster, rate_mbit: int) -> dict:
 @pytest.mark.timeout(1800)
 def test_a_node_at_half_speed_gets_the_same_verdict_every_run(cluster, throttle_image) -> None:
     """The defect: the head at about half the median bandwidth gave three verdicts in three identical runs (the
-    node, one link, nothing). Three runs with its egress held to half the clean median must all name it."""
+    node, one link, nothing). Three runs with its egress held to about half the clean median must all name it."""
     clean = cluster.make("cluster-links", "NODES=3", "NPROC_PER_NODE=1", HALF_ARGS)
     assert clean.returncode == 0, explain(clean)
     median = cluster.json("links/links.json")["median_gbps"]
-    rate_mbit = max(int(median * 8000 / 2), 1)
+    rate_mbit = max(int(median * 8000 * 0.42), 1)  # tbf's rate at 0.42 of the median gave 0.4-0.55 of it
     verdicts, ratios = [], []
     for _ in range(3):
         report = _throttled_links(cluster, rate_mbit)
@@ -120,7 +120,7 @@ def test_a_node_at_half_speed_gets_the_same_verdict_every_run(cluster, throttle_
         verdicts.append((report["slow_nodes"], report["slow_links"]))
     print(f"links at half speed: clean median {median:.2f} GB/s, tbf {rate_mbit} mbit, head->worker-1 / median "
           f"{ratios}, verdicts {verdicts}")  # fmt: skip
-    assert all(0.25 < r < 0.75 for r in ratios), ratios  # the head really ran at about half speed
+    assert all(0.3 < r < 0.6 for r in ratios), ratios  # the head really ran at about half speed
     head = report["nodes"][0]  # rank 0's node, the throttled one
     assert verdicts == [([{"node": head, "direction": "send"}], [])] * 3, verdicts
     assert _docker_events_of(cluster.project) == []  # cluster up left no watcher behind
