@@ -47,9 +47,13 @@ TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 SLURM_JOB_NODELIST = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
 """The job's hosts, compressed (``node[01-04]``); the first one serves the rendezvous under Slurm."""
 SLURM_JOB_ID = "SLURM_JOB_ID"
-NODE_COUNTS = ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", NNODES)
+PET_NNODES = "PET_NNODES"
+"""torchrun's --nnodes as Kubeflow Trainer's torch plugin sets it in every trainer pod (torchrun reads
+PET_<OPTION> for each option; its workers inherit it)."""
+NODE_COUNTS = ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", NNODES, PET_NNODES)
 """Where the environment names the job's node count apart from the ranks (first set wins): Slurm's step,
-then its allocation, then NNODES of a cluster env file. A job of one node under them is a world of one."""
+then its allocation, then NNODES of a cluster env file, then Kubeflow Trainer's PET_NNODES. A job of
+one node under them is a world of one."""
 SLURM_TASKS_PER_NODE = "SLURM_TASKS_PER_NODE"
 """Tasks on each node, compressed (``4(x2)`` or ``4,3``); SLURM_NTASKS_PER_NODE when given instead."""
 SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 10000

@@ -9,6 +9,8 @@
     python -m app topology --nodes 2 --nproc-per-node 8 --gpus-per-node 8 --format sbatch --output job.sbatch
     python -m app topology --name mycluster --format ssh-keys --output-dir ~/.cache/ddp-cluster/ssh/mycluster
     python -m app topology --nodes 4 --namespace ml --results-claim ddp-results --format k8s --output job.yaml
+    python -m app topology --format trainingruntime --output runtime.yaml      # Kubeflow Trainer v2 (trainjob.py)
+    python -m app topology --nodes 4 --format trainjob --output trainjob.yaml
 
 The spec comes from its defaults, a TOML file (``--spec``; or ``--spec-json``, what ``--format json``
 prints) and the flags below, the flags winning. Hosts by name come from
@@ -29,8 +31,10 @@ from typing import Any
 from app import flags
 from app.atomic import atomic_write_text
 from app.errors import UsageError
-from app.topology import compose, kube, render, slurm, spec, sshkeys
+from app.topology import compose, kube, render, slurm, spec, sshkeys, trainjob
 from app.topology.spec import ClusterSpec, Host
+
+__doc__ = f"{__doc__}\n{trainjob.CANNOT_EXPRESS}"  # the --help epilog ends with Trainer v2's limits
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,14 @@ FORMATS: dict[str, tuple[Renderer, str]] = {
     "ssh-keys": (_ssh_keys, "this cluster's SSH user and host keys, made once (--output-dir)"),
     "k8s": (lambda r: kube.render_k8s(r.spec), "Kubernetes: Indexed Job, headless Service, ConfigMap, NetworkPolicy"),
     "pytorchjob": (lambda r: kube.render_pytorchjob(r.spec), "Kubernetes: a Kubeflow PyTorchJob and a NetworkPolicy"),
+    "trainjob": (
+        lambda r: trainjob.render_trainjob(r.spec),
+        "Kubeflow Trainer v2: a TrainJob on --training-runtime and a NetworkPolicy (see app/topology/trainjob.py)",
+    ),
+    "trainingruntime": (
+        lambda r: trainjob.render_trainingruntime(r.spec),
+        "Kubeflow Trainer v2: our ClusterTrainingRuntime (torch policy, hardened JobSet, --max-restarts)",
+    ),
     "nproc-per-node": (lambda r: f"{r.spec.nodes.nproc_per_node}\n", "processes per node (make's local targets)"),
     "doc": (_doc, "the spec's keys as a Markdown table (docs/engines.md)"),
 }

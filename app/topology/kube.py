@@ -45,16 +45,18 @@ PYTORCHJOB_CONTAINER, PYTORCHJOB_PORT = "pytorch", "pytorchjob-port"
 """The container and port names that the Kubeflow training operator looks for."""
 
 
-def check(spec: ClusterSpec) -> None:
-    """Raise UsageError for what these manifests cannot run."""
+def check(spec: ClusterSpec, *, ships_script: bool = False) -> None:
+    """Raise UsageError for what these manifests cannot run (``ships_script``: a --script is shipped)."""
     if spec.nodes.hosts or spec.rendezvous.master_addr:
         raise UsageError("Kubernetes names its own pods: give --nodes, not --hosts, --hostfile or --master-addr")
     if spec.job.launcher != "torchrun":
         raise UsageError(
             f"--launcher {spec.job.launcher}: the Kubernetes manifests run torchrun in every pod; drop --launcher"
         )
-    if spec.job.script:
-        raise UsageError("--script is not shipped into pods: on Kubernetes the pods run the app's --command")
+    if spec.job.script and not ships_script:
+        raise UsageError(
+            "--script is not shipped into these pods: give the app's --command, or use --format trainjob (it ships it)"
+        )
     if not spec.job.name[0].isalpha():
         raise UsageError(f"--name {spec.job.name!r} must start with a letter on Kubernetes (it names a Service)")
 
@@ -68,7 +70,8 @@ def labels(spec: ClusterSpec) -> dict[str, str]:
     }
 
 
-def _metadata(spec: ClusterSpec, name: str) -> dict:
+def metadata(spec: ClusterSpec, name: str) -> dict:
+    """An object's metadata: its name, the spec's namespace and the job's labels."""
     return {"name": name, "namespace": spec.kubernetes.namespace, "labels": labels(spec)}
 
 
@@ -79,7 +82,8 @@ def pod_hosts(spec: ClusterSpec) -> tuple[Host, ...]:
     return tuple(Host(f"{spec.job.name}-{i}.{domain}", spec.nodes.nproc_per_node) for i in range(spec.nodes.nodes))
 
 
-def _resources(spec: ClusterSpec) -> dict:
+def resources(spec: ClusterSpec) -> dict:
+    """Each node's requests and limits: the spec's CPU and memory, and its GPUs."""
     k = spec.kubernetes
     limits = {"cpu": k.cpu_limit, "memory": k.memory_limit}
     if spec.nodes.gpus_per_node:
@@ -87,56 +91,84 @@ def _resources(spec: ClusterSpec) -> dict:
     return {"requests": {"cpu": k.cpu_request, "memory": k.memory_request}, "limits": limits}
 
 
-def _container(spec: ClusterSpec, name: str, command: list[str], port_name: str, mounts: list[dict]) -> dict:
+def env(spec: ClusterSpec) -> list[dict]:
+    """The container's variables: the interface for gloo and NCCL, when the spec names one; torch's flight
+    recorder, always."""
+    ifname = spec.rendezvous.ifname
+    values = dict.fromkeys(envvars.IFNAME_VARIABLES, ifname) if ifname else {}
+    return [{"name": n, "value": v} for n, v in (values | envvars.FLIGHT_RECORDER).items()]
+
+
+CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "privileged": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+"""Every container: unprivileged, no way to gain privileges, no capabilities, a read-only root."""
+POD_SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": APP_UID,
+    "runAsGroup": APP_UID,
+    "fsGroup": APP_UID,
+    "fsGroupChangePolicy": "OnRootMismatch",
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+"""Every pod: the image's user ``app``, which owns the claim, and the runtime's seccomp profile."""
+
+
+def volume_mounts(extra: list[dict] = ()) -> list[dict]:
+    """Where the node's volumes appear: /results, /tmp, the cache, /dev/shm, then ``extra``."""
+    return [
+        {"name": "results", "mountPath": RESULTS_DIR},
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "cache", "mountPath": f"{APP_HOME}/.cache"},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        *extra,
+    ]
+
+
+def volumes(spec: ClusterSpec, extra: list[dict] = ()) -> list[dict]:
+    """The pod's volumes: the results claim, emptyDirs for /tmp and the cache, memory for /dev/shm, ``extra``."""
+    return [
+        {"name": "results", "persistentVolumeClaim": {"claimName": spec.kubernetes.results_claim}},
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "cache", "emptyDir": {}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.kubernetes.shm_size}},
+        *extra,
+    ]
+
+
+def tolerations(spec: ClusterSpec) -> list[dict]:
+    """GPU nodes' taint, tolerated when the job asks for GPUs."""
+    return [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}] if spec.nodes.gpus_per_node else []
+
+
+def node_container(spec: ClusterSpec, name: str, command: list[str], port_name: str, mounts: list[dict]) -> dict:
     """The node's container: unprivileged, read-only root, the spec's resources."""
-    container: dict = {"name": name, "image": spec.job.image, "imagePullPolicy": "IfNotPresent", "command": command}
-    values = dict.fromkeys(envvars.IFNAME_VARIABLES, spec.rendezvous.ifname) if spec.rendezvous.ifname else {}
-    container["env"] = [{"name": n, "value": v} for n, v in (values | envvars.FLIGHT_RECORDER).items()]
-    return container | {
+    fields: dict = {"name": name, "image": spec.job.image, "imagePullPolicy": "IfNotPresent", "command": command}
+    fields["env"] = env(spec)
+    return fields | {
         "ports": [{"name": port_name, "containerPort": spec.rendezvous.master_port, "protocol": "TCP"}],
-        "resources": _resources(spec),
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "privileged": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
-        "volumeMounts": [
-            {"name": "results", "mountPath": RESULTS_DIR},
-            {"name": "tmp", "mountPath": "/tmp"},
-            {"name": "cache", "mountPath": f"{APP_HOME}/.cache"},
-            {"name": "dshm", "mountPath": "/dev/shm"},
-            *mounts,
-        ],
+        "resources": resources(spec),
+        "securityContext": CONTAINER_SECURITY,
+        "volumeMounts": volume_mounts(mounts),
     }
 
 
-def _pod(spec: ClusterSpec, container: dict, volumes: list[dict], **fields) -> dict:
+def pod_template(spec: ClusterSpec, node: dict, extra_volumes: list[dict], **fields) -> dict:
     """A pod template of the job: its labels, security context, volumes and ``fields`` (e.g. subdomain)."""
-    pod = {
+    spec_fields = {
         **fields,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": APP_UID,
-            "runAsGroup": APP_UID,
-            "fsGroup": APP_UID,
-            "fsGroupChangePolicy": "OnRootMismatch",
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "containers": [container],
-        "volumes": [
-            {"name": "results", "persistentVolumeClaim": {"claimName": spec.kubernetes.results_claim}},
-            {"name": "tmp", "emptyDir": {}},
-            {"name": "cache", "emptyDir": {}},
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.kubernetes.shm_size}},
-            *volumes,
-        ],
+        "securityContext": POD_SECURITY,
+        "containers": [node],
+        "volumes": volumes(spec, extra_volumes),
     }
-    if spec.nodes.gpus_per_node:
-        pod["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
-    return {"metadata": {"labels": labels(spec)}, "spec": pod}
+    if tolerations(spec):
+        spec_fields["tolerations"] = tolerations(spec)
+    return {"metadata": {"labels": labels(spec)}, "spec": spec_fields}
 
 
 def network_policy(spec: ClusterSpec) -> dict:
@@ -145,7 +177,7 @@ def network_policy(spec: ClusterSpec) -> dict:
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": _metadata(spec, spec.job.name),
+        "metadata": metadata(spec, spec.job.name),
         "spec": {**own, "policyTypes": ["Ingress"], "ingress": [{"from": [own]}]},
     }
 
@@ -156,7 +188,7 @@ def config_map(spec: ClusterSpec) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(spec, f"{spec.job.name}-torchrun"),
+        "metadata": metadata(spec, f"{spec.job.name}-torchrun"),
         "data": {"torchrun.args": args},
     }
 
@@ -167,7 +199,7 @@ def service(spec: ClusterSpec) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(spec, spec.job.name),
+        "metadata": metadata(spec, spec.job.name),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
@@ -182,9 +214,9 @@ def indexed_job(spec: ClusterSpec) -> dict:
     name = spec.job.name
     command = ["ddp-node", *render.job_argv(spec)]
     mount = {"name": "torchrun", "mountPath": CLUSTER_DIR, "readOnly": True}
-    container = _container(spec, "node", command, PORT_NAME, [mount])
+    node = node_container(spec, "node", command, PORT_NAME, [mount])
     volume = {"name": "torchrun", "configMap": {"name": f"{name}-torchrun"}}
-    pod = _pod(spec, container, [volume], subdomain=name, restartPolicy="Never")
+    pod = pod_template(spec, node, [volume], subdomain=name, restartPolicy="Never")
     rules = [
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         {
@@ -195,7 +227,7 @@ def indexed_job(spec: ClusterSpec) -> dict:
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": _metadata(spec, name),
+        "metadata": metadata(spec, name),
         "spec": {
             "completionMode": "Indexed",
             "completions": spec.nodes.nodes,
@@ -215,7 +247,7 @@ def pytorch_job(spec: ClusterSpec) -> dict:
     if nodes < 2:
         raise UsageError("--format pytorchjob needs --nodes 2 or more (a Master and a Worker); one node: --format k8s")
     command = ["torchrun", *render.job_argv(spec)]
-    pod = _pod(spec, _container(spec, PYTORCHJOB_CONTAINER, command, PYTORCHJOB_PORT, []), [])
+    pod = pod_template(spec, node_container(spec, PYTORCHJOB_CONTAINER, command, PYTORCHJOB_PORT, []), [])
 
     def replicas(count: int) -> dict:
         return {"replicas": count, "restartPolicy": "ExitCode", "template": pod}
@@ -223,7 +255,7 @@ def pytorch_job(spec: ClusterSpec) -> dict:
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
-        "metadata": _metadata(spec, name),
+        "metadata": metadata(spec, name),
         "spec": {
             "runPolicy": {
                 "activeDeadlineSeconds": spec.job.time_limit,
@@ -246,7 +278,7 @@ def pytorch_job(spec: ClusterSpec) -> dict:
     }
 
 
-def _documents(spec: ClusterSpec, fmt: str, objects: list[dict]) -> str:
+def documents(spec: ClusterSpec, fmt: str, objects: list[dict]) -> str:
     """A multi-document YAML file of JSON objects; the comment first (kubectl reads a file that starts
     with ``{`` as one JSON stream, which ``---`` would break)."""
     kinds = ", ".join(o["kind"] for o in objects)
@@ -257,10 +289,10 @@ def _documents(spec: ClusterSpec, fmt: str, objects: list[dict]) -> str:
 def render_k8s(spec: ClusterSpec) -> str:
     """``--format k8s``: ConfigMap, headless Service, NetworkPolicy and the Indexed Job."""
     check(spec)
-    return _documents(spec, "k8s", [config_map(spec), service(spec), network_policy(spec), indexed_job(spec)])
+    return documents(spec, "k8s", [config_map(spec), service(spec), network_policy(spec), indexed_job(spec)])
 
 
 def render_pytorchjob(spec: ClusterSpec) -> str:
     """``--format pytorchjob``: the NetworkPolicy and the Kubeflow PyTorchJob."""
     check(spec)
-    return _documents(spec, "pytorchjob", [network_policy(spec), pytorch_job(spec)])
+    return documents(spec, "pytorchjob", [network_policy(spec), pytorch_job(spec)])

@@ -36,7 +36,7 @@ ENGINES = {
     "compose": "the compose mini-cluster (make cluster-*)",
     "ansible": "Ansible-provisioned nodes (ansible/deploy.yml)",
     "slurm": "Slurm batch jobs (--format sbatch, make slurm-*)",
-    "kubernetes": "Kubernetes manifests (--format k8s, --format pytorchjob)",
+    "kubernetes": "Kubernetes manifests (--format k8s, pytorchjob, trainjob, trainingruntime)",
     "files": "hostfile, env file, torchrun and mpirun arguments (--format hostfile|env|torchrun|mpirun)",
 }
 """Where a spec is used, by the names its fields' ``used_by`` metadata gives."""
@@ -189,9 +189,10 @@ class Job:
     and results folder, and rendezvous id (lowercase letters, digits and -, at most 40)."""
     command: str = field(default="train --dataset digits --out /results/digits --resume auto", metadata=used_by("all"))
     """The app command every rank runs (python -m app COMMAND)."""
-    script: str | None = field(default=None, metadata=used_by("compose", "slurm"))
-    """A user's torchrun script to run unchanged instead of the app command (compose mounts its folder at /job)."""
-    args: str = field(default="", metadata=used_by("compose", "slurm"))
+    script: str | None = field(default=None, metadata=used_by("compose", "slurm", "kubernetes"))
+    """A user's torchrun script to run unchanged instead of the app command (compose mounts its folder at
+    /job; --format trainjob ships the file in a ConfigMap mounted there)."""
+    args: str = field(default="", metadata=used_by("compose", "slurm", "kubernetes"))
     """Arguments of --script."""
     launcher: str = field(default="torchrun", metadata=used_by("compose", "ansible", "slurm"))
     """torchrun (one agent per node), mpirun (OpenMPI over SSH from the first node) or srun (Slurm,
@@ -283,7 +284,7 @@ def quantity(flag_name: str, text: str) -> Decimal:
 
 @dataclass(frozen=True)
 class Kubernetes:
-    """Kubernetes manifests (``--format k8s``, ``--format pytorchjob``)."""
+    """Kubernetes manifests (``--format k8s``, ``pytorchjob``, ``trainjob``, ``trainingruntime``)."""
 
     namespace: str = field(default="default", metadata=used_by("kubernetes"))
     """Namespace of every object."""
@@ -302,13 +303,17 @@ class Kubernetes:
     """Memory each pod may use before it is OOM-killed (>= the request; /dev/shm counts against it)."""
     shm_size: str = field(default="1Gi", metadata=used_by("kubernetes"))
     """Size of each pod's memory-backed /dev/shm (DataLoader workers, NCCL); at most the memory limit."""
+    training_runtime: str = field(default="ddp-cluster-torch", metadata=used_by("kubernetes"))
+    """The ClusterTrainingRuntime that a TrainJob runs on (Kubeflow Trainer v2): ours, from --format
+    trainingruntime, or Kubeflow's torch-distributed."""
 
     def __post_init__(self) -> None:
         if not _DNS_LABEL.match(self.namespace):
             raise UsageError(
                 f"--namespace {self.namespace!r} must be a DNS label: lowercase letters, digits and '-', at most 63"
             )
-        for flag_name, value in (("--results-claim", self.results_claim), ("--cluster-domain", self.cluster_domain)):
+        names = {"--results-claim": self.results_claim, "--cluster-domain": self.cluster_domain}
+        for flag_name, value in (names | {"--training-runtime": self.training_runtime}).items():
             if len(value) > 253 or not _DNS_NAME.match(value):
                 raise UsageError(f"{flag_name} {value!r} must be a DNS name: lowercase letters, digits, '-' and '.'")
         cpu = self._pair("cpu", self.cpu_request, self.cpu_limit)

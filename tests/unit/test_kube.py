@@ -1,7 +1,8 @@
-"""Kubernetes manifests (``app topology --format k8s|pytorchjob``), validated offline: golden files,
-the API's strict schemas for Kubernetes 1.31 and 1.37 (kubernetes-validate), the Kubeflow
-PyTorchJob CRD's schema, the "restricted" Pod Security Standard, and torchrun's own parser; each
-validator also gets a broken manifest that it must refuse.
+"""Kubernetes manifests (``app topology --format k8s|pytorchjob|trainjob|trainingruntime``), validated
+offline: golden files, the API's strict schemas for Kubernetes 1.31 and 1.37 (kubernetes-validate),
+the Kubeflow PyTorchJob CRD's schema, the "restricted" Pod Security Standard, and torchrun's own
+parser; each validator also gets a broken manifest that it must refuse. Trainer v2's CRDs, pods and
+PET_* variables: test_trainjob.py.
 
     DDP_K8S_SCHEMAS=/work/shared/k8s pytest tests/unit/test_kube.py    # the CRDs' folder, if not ../shared/k8s
     DDP_UPDATE_GOLDEN=1 pytest tests/unit/test_kube.py -k golden       # rewrite the golden files, then review the diff
@@ -35,6 +36,10 @@ VARIANTS = {
     "k8s-gpu": (*GPU_FLAGS, "--format", "k8s"),
     "pytorchjob-cpu": ("--format", "pytorchjob"),
     "pytorchjob-gpu": (*GPU_FLAGS, "--format", "pytorchjob"),
+    "trainjob-cpu": ("--format", "trainjob"),
+    "trainjob-gpu": (*GPU_FLAGS, "--format", "trainjob"),
+    "trainingruntime-cpu": ("--format", "trainingruntime"),
+    "trainingruntime-gpu": (*GPU_FLAGS, "--format", "trainingruntime"),
 }
 """Golden files by name (tests/unit/golden/NAME.yaml.golden) and the flags that render them."""
 
@@ -54,19 +59,15 @@ def _pod_specs(obj: dict) -> list[dict]:
         return [obj["spec"]["template"]["spec"]]
     if obj["kind"] == "PyTorchJob":
         return [r["template"]["spec"] for r in obj["spec"]["pytorchReplicaSpecs"].values()]
-    return []
+    if obj["kind"] == "ClusterTrainingRuntime":
+        return [r["template"]["spec"]["template"]["spec"] for r in obj["spec"]["template"]["spec"]["replicatedJobs"]]
+    return []  # a TrainJob's pods are its runtime's with its patches: tests/unit/test_trainjob.py
 
 
 @pytest.fixture(scope="module")
 def crd() -> jsonschema.Draft7Validator:
-    """The PyTorchJob CRD's schema; fails (not skips) when its folder is missing, which names the fix."""
-    folder = kube_checks.schemas_dir()
-    if not (folder / kube_checks.PYTORCHJOB_CRD).is_file():
-        pytest.fail(
-            f"no {kube_checks.PYTORCHJOB_CRD} in {folder}: set {kube_checks.SCHEMAS_ENV} to the folder of the "
-            "Kubeflow CRDs (shared/k8s beside the checkout)"
-        )
-    return kube_checks.crd_validator(folder, kube_checks.PYTORCHJOB_CRD, "v1")
+    """The PyTorchJob CRD's schema (skips without its folder, fails under CI)."""
+    return kube_checks.crd_validator(kube_checks.PYTORCHJOB_CRD, "v1")
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -79,22 +80,28 @@ def test_golden_files_are_what_the_cli_renders(name: str) -> None:
     assert done.stdout == path.read_text(), f"{path.name} is stale: rerun with DDP_UPDATE_GOLDEN=1 and review"
 
 
+KINDS = {
+    "k8s": ["ConfigMap", "Service", "NetworkPolicy", "Job"],
+    "pytorchjob": ["NetworkPolicy", "PyTorchJob"],
+    "trainjob": ["NetworkPolicy", "TrainJob"],
+    "trainingruntime": ["ClusterTrainingRuntime"],
+}
+"""The objects of each format, in order."""
+
+
 @pytest.mark.parametrize("version", kube_checks.K8S_VERSIONS)
 @pytest.mark.parametrize("name", VARIANTS)
 def test_builtin_kinds_pass_the_apis_strict_schema(name: str, version: str) -> None:
     checked = []
     for obj in _documents(name):
-        if obj["apiVersion"] == "kubeflow.org/v1":  # its pods are checked as the API's PodTemplate
+        if "kubeflow.org/" in obj["apiVersion"]:  # their pods are checked as the API's PodTemplate
             for pod in _pod_specs(obj):
                 tmpl = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": {"spec": pod}}
                 kube_checks.validate_builtin(tmpl, version)
         else:
             kube_checks.validate_builtin(obj, version)
         checked.append(obj["kind"])
-    kinds = (
-        ["ConfigMap", "Service", "NetworkPolicy", "Job"] if name.startswith("k8s") else ["NetworkPolicy", "PyTorchJob"]
-    )
-    assert checked == kinds
+    assert checked == KINDS[name.rsplit("-", 1)[0]]
 
 
 @pytest.mark.parametrize("name", ["pytorchjob-cpu", "pytorchjob-gpu"])
@@ -103,7 +110,7 @@ def test_pytorchjob_passes_its_crd_schema(name: str, crd) -> None:
     assert [e.message for e in crd.iter_errors(job)] == []
 
 
-@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("name", [v for v in VARIANTS if not v.startswith("trainjob")])
 def test_pods_meet_the_restricted_pod_security_standard(name: str) -> None:
     pods = [p for obj in _documents(name) for p in _pod_specs(obj)]
     assert pods and all(kube_checks.restricted_violations(p) == [] for p in pods)
@@ -254,7 +261,7 @@ def test_the_pods_run_as_the_images_user() -> None:
 def test_rendering_never_imports_torch_or_yaml() -> None:
     probe = (
         "import sys, app.cli as c\n"
-        "for f in ('k8s', 'pytorchjob'): c.main(['topology', '--format', f])\n"
+        "for f in ('k8s', 'pytorchjob', 'trainjob', 'trainingruntime'): c.main(['topology', '--format', f])\n"
         "print('torch' in sys.modules, 'yaml' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
@@ -288,12 +295,19 @@ def test_bad_kubernetes_fields_are_one_line_errors(tables: dict, message: str) -
     [
         (("--hosts", "a:2,b:2", "--format", "k8s"), "give --nodes, not --hosts"),
         (("--launcher", "mpirun", "--format", "k8s"), "--launcher mpirun: the Kubernetes manifests run torchrun"),
-        (("--script", "cluster/jobs/minimal_ddp.py", "--format", "k8s"), "--script is not shipped into pods"),
+        (("--script", "cluster/jobs/minimal_ddp.py", "--format", "k8s"), "--script is not shipped into these pods"),
         (("--name", "1st", "--format", "k8s"), "must start with a letter"),
         (("--nodes", "1", "--format", "pytorchjob"), "needs --nodes 2 or more"),
         (("--memory-limit", "1Gi", "--format", "k8s"), "--memory-limit 1Gi is below --memory-request 4Gi"),
+        (("--training-runtime", "Torch_Dist", "--format", "trainjob"), "--training-runtime 'Torch_Dist' must be a DNS"),
+        (("--nodes", "0", "--format", "trainjob"), "--nodes 0 must be"),
+        (("--master-port", "29400", "--format", "trainjob"), "fixes the rendezvous port at 29500"),
+        (("--master-port", "29400", "--format", "trainingruntime"), "drop --master-port"),
+        (("--script", "no/such/job.py", "--format", "trainjob"), "cannot read --script no/such/job.py"),
+        (("--launcher", "srun", "--format", "trainjob"), "--launcher srun: the Kubernetes manifests run torchrun"),
+        (("--script", "cluster/jobs/minimal_ddp.py", "--format", "pytorchjob"), "use --format trainjob (it ships it)"),
     ],
 )
-def test_cli_refuses_what_kubernetes_cannot_run(args: tuple[str, ...], message: str) -> None:
+def test_cli_refuses_what_kubernetes_and_trainer_cannot_run(args: tuple[str, ...], message: str) -> None:
     done = _topology(*args)
     assert done.returncode == 2 and message in done.stderr and done.stderr.count("\n") == 1, done.stderr
