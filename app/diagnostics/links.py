@@ -31,7 +31,8 @@ receives slowly): their geometric mean is below the median of the links that do 
 / s^(k / sqrt(m)), m its links in that direction (a mean of m links has 1/sqrt(m) of one link's
 noise), and each of them below that median / s^(k/2): with 3 nodes below 0.62 of the others, with 4
 below 0.68 (each link below 0.72), so a node at half speed is named in every run where its single
-links straddle the one-link threshold. A link is named when it is slow and no named node explains it. The rule needs
+links straddle the one-link threshold (median and s here are those of the links that do not touch the
+node). A link is named when it is slow and no named node explains it. The rule needs
 3 or more nodes (with 2 only --fail-below judges) and holds while fewer than half the links are
 slow; with 3 nodes one noisy link besides a slow node can hide it, so use 4 or more where you can.
 
@@ -170,16 +171,19 @@ def robust_threshold(values: list[float], k: float) -> tuple[float, float, float
     return math.exp(center), mad_log, spread, math.exp(center) / spread**k
 
 
-def slow_as_a_group(group: list[float], others: list[float], spread: float, k: float) -> bool:
-    """Whether ``group`` (one part's figures: a node's links in one direction) is slow as a whole: its geometric
-    mean below the others' geometric median / s^(k / sqrt(len(group))), and each of its figures below that
-    median / s^(k / 2). The mean of m figures has 1/sqrt(m) of one figure's noise, so a part at half speed is
-    told apart in every run, where its single figures straddle the one-figure threshold (a node at 0.5 against
-    a threshold at 0.51); the second condition keeps one very slow figure from condemning its whole group."""
+def slow_as_a_group(group: list[float], others: list[float], k: float) -> bool:
+    """Whether ``group`` (one part's figures: a node's links in one direction) is slow as a whole against
+    ``others`` (the figures that do not involve the part): its geometric mean below the others' median /
+    s^(k / sqrt(len(group))), and each of its figures below median / s^(k / 2), with the others' median and s
+    (``robust_threshold``). The mean of m figures has 1/sqrt(m) of one figure's noise, so a part at half speed is
+    told apart in every run, where its single figures straddle the one-figure threshold (a node at 0.5 against a
+    threshold at 0.51); s from the others alone keeps the slow part's own figures from widening the rule (with 3
+    nodes they are a third of all links); the second condition keeps one very slow figure from condemning its
+    whole group."""
     if not group or not others:
         return False
+    reference, _, spread, _ = robust_threshold(others, k)
     mean = math.exp(statistics.fmean(math.log(max(v, 1e-12)) for v in group))
-    reference = math.exp(statistics.median(math.log(max(v, 1e-12)) for v in others))
     every = all(v < reference / spread ** (k / 2) for v in group)
     return every and mean < reference / spread ** (k / math.sqrt(len(group)))
 
@@ -195,8 +199,8 @@ def judge(matrix: list[list[float | None]], k: float) -> Verdict:
     nodes = []
     for node in range(n):
         others = [v for (a, b), v in links.items() if node not in (a, b)]
-        sends = slow_as_a_group([v for (a, _), v in links.items() if a == node], others, spread, k)
-        receives = slow_as_a_group([v for (_, b), v in links.items() if b == node], others, spread, k)
+        sends = slow_as_a_group([v for (a, _), v in links.items() if a == node], others, k)
+        receives = slow_as_a_group([v for (_, b), v in links.items() if b == node], others, k)
         if sends or receives:
             nodes.append((node, "both" if sends and receives else "send" if sends else "receive"))
     named = dict(nodes)
