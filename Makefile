@@ -3,9 +3,14 @@ SHELL = /usr/bin/env bash -o pipefail
 .SHELLFLAGS = -ec
 .DEFAULT_GOAL := help
 
+# Names, bases and pins of the images (docker/versions.env): each KEY=VALUE is a knob of its own,
+# set on the command line or in the environment like any other (make image-cpu TORCH_VERSION=...).
+# (Read with bash builtins only: make runs where PATH holds little more than bash and python3.)
+VERSIONS := $(shell while read -r line; do [[ $$line == [A-Z]*=* ]] && echo "$$line"; done < docker/versions.env)
+$(foreach pair,$(VERSIONS),$(eval $(firstword $(subst =, ,$(pair))) ?= $(patsubst $(firstword $(subst =, ,$(pair)))=%,%,$(pair))))
 PYTHON ?= python3
 VENV ?= .venv
-TORCH_SPEC ?= torch==2.13.0
+TORCH_SPEC ?= torch==$(TORCH_VERSION)
 PYTEST_ARGS ?=
 PY := $(VENV)/bin/python
 # Every Dockerfile of the repository, for hadolint.
@@ -54,11 +59,8 @@ demo: venv ## Run the health check and a NPROC_PER_NODE-process check on local p
 	$(VENV)/bin/torchrun --standalone --nproc-per-node $(LOCAL_NPROC) -m app check
 
 .PHONY: readme-spec
-readme-spec: ## Rewrite the table of the cluster spec's keys in docs/engines.md from the code (python -m app topology --format doc).
-	@PYTHONPATH=$(CURDIR) $(PYTHON) -c 'import re, subprocess, sys, pathlib; \
-	  table = subprocess.run([sys.executable, "-m", "app", "topology", "--format", "doc"], check=True, capture_output=True, text=True).stdout; \
-	  p = pathlib.Path("docs/engines.md"); text = p.read_text(); \
-	  p.write_text(re.sub(r"(<!-- spec table:[^\n]*-->\n).*?(\n<!-- end of spec table -->)", lambda m: m[1] + table.rstrip() + m[2], text, flags=re.S))'
+readme-spec: ## Rewrite the table of the cluster spec's keys (docs/engines.md) from the code (python -m app topology --format doc).
+	@PYTHONPATH=$(CURDIR) $(PYTHON) docs/spec_table.py
 
 .PHONY: lint
 lint: venv host-deps ## Lint: ruff (check + format), yamllint, ansible-lint (production), hadolint, shellcheck.

@@ -1,49 +1,24 @@
 #!/usr/bin/env bash
-# Build the offline base image from Debian's own packages: debootstrap + docker import.
+# The local base's root file system: debootstrap, the trims of Debian's slim images, docker import.
 #
-#   docker/build-base.sh [--tag ddp-cluster-base:bookworm] [--suite bookworm] [--mirror URL]
+#   docker/build-base.sh TAG SUITE [MIRROR]
 #
-# The result stands in for python:3.11-slim-bookworm: Debian bookworm (minbase)
-# with python3 (3.11) and venv, apt reading the mirror over plain http. Where no
-# registry is reachable it is also the stand-in base of the CUDA flavour (no CUDA
-# libraries: CI builds that flavour from it with a CPU torch). Needs root
-# (debootstrap); 1-3 minutes. Installs debootstrap on Debian-family systems.
+# Run by the image builder (docker/imagebuild/base.py: make base, or BASE=local), which checks
+# first what this needs: root, a Docker engine and debootstrap. MIRROR: debootstrap's default
+# Debian mirror (plain http) when absent.
 set -euo pipefail
 
-tag=ddp-cluster-base:bookworm
-suite=bookworm
-mirror=""           # empty: debootstrap's default Debian mirror (plain http)
-
-while (($#)); do
-    case "$1" in
-        --tag) tag=$2; shift 2 ;;
-        --suite) suite=$2; shift 2 ;;
-        --mirror) mirror=$2; shift 2 ;;
-        -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "error: unknown argument '$1'; see $0 --help" >&2; exit 2 ;;
-    esac
-done
-
-die() { echo "error: $*" >&2; exit 1; }
-
-start=$SECONDS
-[[ $(id -u) -eq 0 ]] || die "debootstrap needs root; rerun as root (sudo $0 ...) or build with BASE=upstream"
-docker info >/dev/null 2>&1 || die "no Docker engine answers; run 'make engine' first"
-if ! command -v debootstrap >/dev/null; then
-    grep -Eqs '^(ID|ID_LIKE)=.*(debian|ubuntu)' /etc/os-release \
-        || die "debootstrap is missing and this is not a Debian-family system; build with BASE=upstream"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
-fi
+tag=${1:?usage: build-base.sh TAG SUITE [MIRROR]}
+suite=${2:?usage: build-base.sh TAG SUITE [MIRROR]}
+mirror=${3:-}
 
 rootfs=$(mktemp -d /tmp/ddp-base.XXXXXX)
 trap 'rm -rf "$rootfs"' EXIT
 
-echo "base: debootstrap $suite into $rootfs"
 # minbase: essential packages + apt only; python3-venv brings ensurepip (pip in venvs).
 timeout 900 debootstrap --variant=minbase --include=python3,python3-venv \
     "$suite" "$rootfs" ${mirror:+"$mirror"} >"$rootfs.log" 2>&1 \
-    || { tail -n 20 "$rootfs.log" >&2; die "debootstrap failed (full log: $rootfs.log)"; }
+    || { tail -n 20 "$rootfs.log" >&2; echo "error: debootstrap failed (full log: $rootfs.log)" >&2; exit 1; }
 rm -f "$rootfs.log"
 
 # debootstrap lists only '<mirror> <suite> main'; add the updates and security
@@ -72,4 +47,3 @@ tar -C "$rootfs" --numeric-owner -c . | docker import \
     --change 'ENV LANG=C.UTF-8' \
     --change "LABEL org.opencontainers.image.title=ddp-cluster-base org.opencontainers.image.created=$created org.opencontainers.image.description=Debian-$suite-minbase+python3-(debootstrap)" \
     - "$tag" >/dev/null
-echo "base: imported $tag ($(docker image inspect --format '{{.Size}}' "$tag" | awk '{printf "%.0f MB", $1/1e6}')) in $((SECONDS - start)) s"

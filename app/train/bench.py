@@ -6,13 +6,18 @@
     mpirun -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29500 python -m app bench
 
 The tutorial loop is the seed's: the MLP (784-256-10), Adam, batch 64 per rank, a DataLoader over
-a TensorDataset with DistributedSampler, DDP with its defaults, ``loss.item()`` every step. The
-``app train`` side runs the real Trainer, epoch by epoch through ``Trainer.train_epoch`` as ``fit``
-does, with app train's DDP and speed settings (its defaults, or the same flags given here), its
-step-time exchange and rank 0's record of each step (OUT/progress, in a temp folder) on the same
-synthetic samples. The one-process loop is app train on rank 0 alone (no DDP: a world of
-one), while the other ranks wait: perfect scaling is N times its samples/s. Each round times one
-epoch of every loop back to back, so that a busy machine slows them alike; the ratio is the median
+a TensorDataset with DistributedSampler, DDP with its defaults, ``loss.item()`` every step; on a GPU
+the seed's complete CUDA script (seed 004, 6.4.8): AMP fp16 with GradScaler, a DataLoader with 4
+worker processes and pinned memory, ``non_blocking`` copies. The ``app train`` side runs the real
+Trainer, epoch by epoch through ``Trainer.train_epoch`` as ``fit`` does, with app train's DDP and
+speed settings (its defaults, or the same flags given here; on a GPU ``--precision fp16``, as the
+seed), its step-time exchange, rank 0's record of each step (OUT/progress, in a temp folder) and
+its TensorBoard step loss (OUT/tensorboard) on the same synthetic samples; on a GPU it also reports
+its achieved TFLOP/s per GPU and MFU (``flops``). ``--sweep`` also times each speed setting changed
+on its own, ``--compile`` and, on a GPU, ``--cuda-graphs`` among them: the choice of defaults.
+The one-process loop is app train on rank 0 alone (no DDP: a world of one), while the other
+ranks wait: perfect scaling is N times its samples/s. Each round times one epoch of every loop
+back to back, so that a busy machine slows them alike; the ratio is the median
 over rounds of app / tutorial in the same round, the scaling the median of app / (N x one process),
 the samples/s the median over rounds. Rank 0 prints samples/s of each, the ratio and the scaling.
 Started as one process, it runs itself again under torchrun with exactly the arguments it was
@@ -21,10 +26,12 @@ given, so every flag (the speed settings, ``--ifname``, ``--timeout``...) reache
 
 import argparse
 import json
+import re
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -36,6 +43,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from app import flags, progress
 from app.atomic import atomic_write_text
+from app.diagnostics.collectives import synchronize
 from app.errors import UsageError
 from app.runtime.distributed import (
     DistContext,
@@ -49,11 +57,12 @@ from app.runtime.relaunch import relaunch
 from app.topology.spec import Nodes
 from app.train import data, models, sync
 from app.train.config import DataConfig, ModelConfig, OutputConfig, SpeedConfig, StepsConfig, TrainConfig
-from app.train.report import Reporter
+from app.train.report import Reporter, format_mfu
 from app.train.trainer import Trainer
 
-BATCH = 64
 SHAPE = (1, 28, 28)
+SEED_WORKERS = 4
+"""DataLoader workers of the seed's CUDA script."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,8 @@ class BenchConfig:
     """Ranks to start with torchrun --standalone when run as one process."""
     samples: int = 8192
     """Synthetic training samples."""
+    batch_size: int = 64
+    """Samples per rank per step, for both loops (the seed's 64)."""
     rounds: int = 11
     """Timed epochs of each loop, alternating."""
     json: Path | None = None
@@ -76,7 +87,8 @@ class BenchConfig:
     def __post_init__(self) -> None:
         for name, value, least in (
             ("--nproc-per-node", self.nproc_per_node, 1),
-            ("--samples", self.samples, BATCH),
+            ("--batch-size", self.batch_size, 1),
+            ("--samples", self.samples, self.batch_size),
             ("--rounds", self.rounds, 1),
         ):
             if value < least:
@@ -92,21 +104,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dist_arguments(parser)
 
 
-def train_config(bench: BenchConfig, speed: SpeedConfig) -> TrainConfig:
-    """app train's configuration on the benchmark's data: the seed's MLP and batch, ``speed`` as given."""
+def train_config(bench: BenchConfig, speed: SpeedConfig, device: torch.device) -> TrainConfig:
+    """app train's configuration on the benchmark's data: the seed's MLP, ``speed`` as given, app train's
+    output defaults (TensorBoard's step loss included; no console); on a GPU fp16, as the seed's CUDA script."""
     return TrainConfig(
-        data=DataConfig(dataset="synthetic", input_shape=SHAPE, train_samples=bench.samples, test_samples=BATCH),
-        model=ModelConfig(model="mlp"),
-        steps=StepsConfig(batch_size=BATCH),
+        data=DataConfig(
+            dataset="synthetic", input_shape=SHAPE, train_samples=bench.samples, test_samples=bench.batch_size
+        ),
+        model=ModelConfig(model="mlp", precision="fp16" if device.type == "cuda" else "fp32"),
+        steps=StepsConfig(batch_size=bench.batch_size),
         speed=speed,
-        output=OutputConfig(out=Path("."), tensorboard=False, quiet=True),
+        output=OutputConfig(out=Path("."), quiet=True),
     )
 
 
-def variants(cfg: TrainConfig, sweep: bool) -> dict[str, TrainConfig]:
+def variants(cfg: TrainConfig, sweep: bool, device: torch.device) -> dict[str, TrainConfig]:
     """The app configurations to time: ``cfg`` alone, or with --sweep each knob changed on its own."""
     if not sweep:
         return {"app": cfg}
+    found = {"app": cfg}
+    if device.type == "cuda":  # CUDA graphs take no GradScaler: bf16, against the same settings in bf16
+        bf16 = replace(cfg, model=replace(cfg.model, precision="bf16"))
+        found |= {"bf16": bf16, "bf16 cuda_graphs": replace(bf16, speed=replace(cfg.speed, cuda_graphs=True))}
     changes = {
         "static_graph off": {"static_graph": False},
         "gradient_as_bucket_view off": {"gradient_as_bucket_view": False},
@@ -116,63 +135,77 @@ def variants(cfg: TrainConfig, sweep: bool) -> dict[str, TrainConfig]:
         "loader dataloader": {"loader": "dataloader"},
         "comm_hook fp16": {"comm_hook": "fp16"},
         "comm_hook powersgd": {"comm_hook": "powersgd"},
+        "compile": {"compile": True},
     }
-    return {"app": cfg} | {name: replace(cfg, speed=replace(cfg.speed, **change)) for name, change in changes.items()}
+    return found | {name: replace(cfg, speed=replace(cfg.speed, **change)) for name, change in changes.items()}
 
 
 class TutorialLoop:
-    """The seed's loop, as the tutorials write it."""
+    """The seed's loop, as the tutorials write it; on CUDA the seed's complete script (AMP fp16, GradScaler,
+    4 DataLoader workers, pinned memory, non_blocking copies)."""
 
-    def __init__(self, ctx: DistContext, split: data.Split) -> None:
+    def __init__(self, ctx: DistContext, split: data.Split, batch_size: int) -> None:
         torch.manual_seed(0)
-        self.device = ctx.device
+        self.device, cuda = ctx.device, ctx.device.type == "cuda"
         model = models.mlp().to(ctx.device)
-        self.model = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+        self.model = DDP(model, device_ids=[ctx.device.index] if cuda else None)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-3)
+        self.scaler = torch.amp.GradScaler("cuda") if cuda else None
         dataset = TensorDataset(split.x, split.y)
         self.sampler = DistributedSampler(dataset, num_replicas=ctx.proc.world_size, rank=ctx.proc.rank)
-        self.loader = DataLoader(dataset, batch_size=BATCH, sampler=self.sampler)
+        workers = SEED_WORKERS if cuda else 0
+        self.loader = DataLoader(
+            dataset, batch_size=batch_size, sampler=self.sampler, num_workers=workers, pin_memory=cuda
+        )
 
-    def timed_epoch(self, epoch: int) -> tuple[int, float]:
-        """Train one epoch: (samples, seconds)."""
+    def epoch(self, epoch: int) -> int:
+        """Train one epoch: the samples seen."""
         self.sampler.set_epoch(epoch)
         self.model.train()
-        samples, total_loss = 0, 0.0
-        start = time.perf_counter()
+        samples, total_loss, cuda = 0, 0.0, self.scaler is not None
         for x, y in self.loader:
-            x, y = x.to(self.device), y.to(self.device)
+            x, y = x.to(self.device, non_blocking=cuda), y.to(self.device, non_blocking=cuda)
             self.optimizer.zero_grad()
-            loss = F.cross_entropy(self.model(x), y)
-            loss.backward()
-            self.optimizer.step()
+            if self.scaler is not None:
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = F.cross_entropy(self.model(x), y)
+                self.scaler.scale(loss).backward()
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                loss = F.cross_entropy(self.model(x), y)
+                loss.backward()
+                self.optimizer.step()
             total_loss += loss.item()
             samples += y.shape[0]
-        return samples, time.perf_counter() - start
+        return samples
 
 
-def _trainer_epoch(trainer: Trainer | None) -> Callable[[int], tuple[int, float]]:
+def _trainer_epoch(trainer: Trainer | None) -> Callable[[int], int]:
     """An app train epoch as the benchmark times it: the Trainer's next epoch, as ``fit`` runs it (None: none here)."""
 
-    def timed_epoch(_epoch: int) -> tuple[int, float]:
-        if trainer is None:
-            return 0, 0.0
-        stats = trainer.train_epoch()
-        return stats.samples, stats.seconds
+    def epoch(_epoch: int) -> int:
+        return trainer.train_epoch().samples if trainer is not None else 0
 
-    return timed_epoch
+    return epoch
 
 
-def _rate(timed_epoch: Callable[[int], tuple[int, float]], epoch: int, ctx: DistContext) -> float:
-    """Global samples/s of one epoch (samples summed over ranks, time of the slowest rank)."""
-    samples, seconds = timed_epoch(epoch)
+def _rate(run_epoch: Callable[[int], int], epoch: int, ctx: DistContext) -> float:
+    """Global samples/s of one epoch (samples summed over ranks, time of the slowest rank; the device drained)."""
+    synchronize(ctx.device)
+    start = time.perf_counter()
+    samples = run_epoch(epoch)
+    synchronize(ctx.device)
+    seconds = time.perf_counter() - start
     (total,) = sync.all_sum([samples], ctx.device)
     (slowest,) = sync.all_reduce([seconds], ctx.device, "max")
     return total / slowest
 
 
-def _app_trainer(cfg: TrainConfig, ctx: DistContext, dataset: data.Dataset, quiet: Reporter) -> Trainer:
-    """The Trainer as app train runs it: rank 0 also records each step in OUT/progress (one pwrite)."""
-    trainer = Trainer(cfg, ctx, dataset, quiet)
+def _app_trainer(cfg: TrainConfig, ctx: DistContext, dataset: data.Dataset, reporter: Reporter) -> Trainer:
+    """The Trainer as app train runs it: rank 0 also records each step in OUT/progress (one pwrite) and
+    writes its step loss to TensorBoard every --tensorboard-every steps."""
+    trainer = Trainer(cfg, ctx, dataset, reporter, step_hooks=[reporter.after_step])
     if ctx.proc.is_main:
         trainer.progress = progress.Recorder(cfg.output.out)
     return trainer
@@ -182,17 +215,24 @@ def measure(ctx: DistContext, configs: dict[str, TrainConfig], rounds: int) -> d
     """Warm every loop up, then time one epoch of each in turn, ``rounds`` times; medians."""
     first = next(iter(configs.values()))
     dataset = data.synthetic(first.data)
-    quiet = Reporter(first.output.out, enabled=False)
-    alone = first_ranks(ctx, [1])[1]  # rank 0 as a world of its own; None on the others
-    runners = {"tutorial": TutorialLoop(ctx, dataset.train).timed_epoch}
-    runners |= {name: _trainer_epoch(_app_trainer(cfg, ctx, dataset, quiet)) for name, cfg in configs.items()}
-    runners["one process"] = _trainer_epoch(_app_trainer(first, alone, dataset, quiet) if alone else None)
-    rates: dict[str, list[float]] = {name: [] for name in runners}
-    for epoch in range(rounds + 1):
-        for name, runner in runners.items():
-            rate = _rate(runner, epoch, ctx)
-            if epoch > 0:  # epoch 0 warms up
-                rates[name].append(rate)
+    with ExitStack() as stack:
+        reporters = {name: stack.enter_context(_reporter(cfg, ctx.proc.is_main, name)) for name, cfg in configs.items()}
+        quiet = Reporter(first.output.out, enabled=False)
+        alone = first_ranks(ctx, [1])[1]  # rank 0 as a world of its own; None on the others
+        runners = {"tutorial": TutorialLoop(ctx, dataset.train, first.steps.batch_size).epoch}
+        trainers = {name: _app_trainer(cfg, ctx, dataset, reporters[name]) for name, cfg in configs.items()}
+        runners |= {name: _trainer_epoch(trainer) for name, trainer in trainers.items()}
+        runners["one process"] = _trainer_epoch(_app_trainer(first, alone, dataset, quiet) if alone else None)
+        rates: dict[str, list[float]] = {name: [] for name in runners}
+        for epoch in range(rounds + 1):
+            for name, runner in runners.items():
+                rate = _rate(runner, epoch, ctx)
+                if epoch > 0:  # epoch 0 warms up
+                    rates[name].append(rate)
+        for trainer in trainers.values():
+            trainer.reporter.close()
+        app = trainers["app"]
+        app.count_flops()  # on CUDA: TFLOP/s per GPU and MFU of app train's median rate
     medians = {name: statistics.median(values) for name, values in rates.items()}
     ratios = {
         name: statistics.median(a / t for a, t in zip(rates[name], rates["tutorial"], strict=True)) for name in configs
@@ -204,7 +244,8 @@ def measure(ctx: DistContext, configs: dict[str, TrainConfig], rounds: int) -> d
         "backend": ctx.backend,
         "device": str(ctx.device),
         "samples": first.data.train_samples,
-        "batch_per_rank": BATCH,
+        "batch_per_rank": first.steps.batch_size,
+        "precision": first.model.precision,
         "rounds": rounds,
         "threads_per_rank": torch.get_num_threads(),
         "tutorial_samples_per_s": medians["tutorial"],
@@ -212,6 +253,7 @@ def measure(ctx: DistContext, configs: dict[str, TrainConfig], rounds: int) -> d
         "ratio": ratios["app"],
         "one_process_samples_per_s": medians["one process"],
         "scaling": scaling,
+        **app.speed_of_light(medians["app"] / world, 1.0),
         "app_settings": _settings(first),
         "variants": {
             name: {"samples_per_s": medians[name], "ratio": ratios[name], "settings": _settings(cfg)}
@@ -225,6 +267,14 @@ def _settings(cfg: TrainConfig) -> dict:
     return vars(cfg.speed)
 
 
+def _reporter(cfg: TrainConfig, is_main: bool, name: str) -> Reporter:
+    """A variant's Reporter as app train's rank 0 has it (TensorBoard's step loss), in its own folder of OUT."""
+    out = cfg.output.out / re.sub(r"[^a-z0-9]+", "-", name.lower())
+    reporter = Reporter.of(replace(cfg.output, out=out), is_main)
+    reporter.start({}, "", 0)  # --quiet: prints nothing; opens the TensorBoard file
+    return reporter
+
+
 def format_report(r: dict) -> str:
     s = r["app_settings"]
     ranks = f"{r['world_size']} ranks ({r['backend']} on {r['device']}, {r['threads_per_rank']} thread(s) each)"
@@ -234,11 +284,16 @@ def format_report(r: dict) -> str:
         f"gradient_as_bucket_view {s['gradient_as_bucket_view']}, static_graph {s['static_graph']}, "
         f"comm hook {s['comm_hook']}"
     )
+    cuda = r["device"].startswith("cuda")
+    seed = (
+        "the seed's CUDA script (AMP fp16 + GradScaler, 4 workers, pin_memory)"
+        if cuda
+        else "tutorial loop (DataLoader, DistributedSampler, Adam, DDP defaults)"
+    )
     lines = [
-        f"bench: {ranks}, mlp, batch {r['batch_per_rank']}/rank, {data}",
-        f"  {'tutorial loop (DataLoader, DistributedSampler, Adam, DDP defaults)':<68} "
-        f"{r['tutorial_samples_per_s']:8.0f} samples/s",
-        f"  {'app train':<68} {r['app_samples_per_s']:8.0f} samples/s  {r['ratio']:.2f}x",
+        f"bench: {ranks}, mlp, {r['precision']}, batch {r['batch_per_rank']}/rank, {data}",
+        f"  {seed:<68} {r['tutorial_samples_per_s']:8.0f} samples/s",
+        f"  {'app train':<68} {r['app_samples_per_s']:8.0f} samples/s  {r['ratio']:.2f}x{format_mfu(r)}",
         f"  {'app train, one process (rank 0 alone, no DDP)':<68} {r['one_process_samples_per_s']:8.0f} samples/s",
     ]
     lines += [
@@ -248,7 +303,7 @@ def format_report(r: dict) -> str:
     ]
     lines += [
         f"  app train settings: {app}",
-        f"ratio app/tutorial: {r['ratio']:.2f}x (median of per-round ratios)",
+        f"ratio app/{'seed' if cuda else 'tutorial'}: {r['ratio']:.2f}x (median of per-round ratios)",
         f"scaling app/({r['world_size']} x one process): {100 * r['scaling']:.0f}% of perfect "
         "(median of per-round ratios)",
     ]
@@ -258,13 +313,14 @@ def format_report(r: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     """Relaunch under torchrun when alone, else measure on these ranks; rank 0 reports."""
     bench, dist_cfg = flags.from_args(BenchConfig, args), dist_config_from_args(args)
-    cfg = train_config(bench, flags.from_args(SpeedConfig, args))
+    speed = flags.from_args(SpeedConfig, args)
     proc = this_process(dist_cfg)
     if proc.world_size == 1 and bench.nproc_per_node > 1:
         return relaunch("bench", bench.nproc_per_node, args.argv, bench.launch_timeout)
     with process_group(proc, dist_cfg) as ctx, tempfile.TemporaryDirectory(prefix="ddp-bench-") as out:
-        cfg = replace(cfg, output=replace(cfg.output, out=Path(out)))  # for OUT/progress
-        report = measure(ctx, variants(cfg, bench.sweep), bench.rounds)
+        cfg = train_config(bench, speed, ctx.device)
+        cfg = replace(cfg, output=replace(cfg.output, out=Path(out)))  # for OUT/progress and OUT/tensorboard
+        report = measure(ctx, variants(cfg, bench.sweep, ctx.device), bench.rounds)
     if proc.is_main:
         print(format_report(report), flush=True)
         if bench.json:

@@ -14,7 +14,7 @@ from app.errors import UsageError
 from app.flags import flag
 
 DATASETS = ("digits", "mnist", "cifar10", "synthetic")
-MODELS = ("mlp", "cnn", "resnet18")
+MODELS = ("mlp", "cnn", "resnet18", "resnet50")
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 OPTIMIZER_IMPLS = ("fused", "foreach", "loop")
@@ -99,7 +99,7 @@ class ModelConfig:
     """Model and precision."""
 
     model: str = field(default="mlp", metadata=flag(metavar="NAME"))
-    """mlp (the seed's 784-256-10), cnn (small, with BatchNorm) or resnet18 (needs torchvision)."""
+    """mlp (the seed's 784-256-10), cnn (small, with BatchNorm), resnet18 or resnet50 (need torchvision)."""
     precision: str = field(default="fp32", metadata=flag(metavar="NAME"))
     """fp32, bf16 (autocast; CPU or a GPU with bf16) or fp16 (autocast + GradScaler; CUDA only)."""
 
@@ -169,6 +169,11 @@ class SpeedConfig:
     """PowerSGD's matrix approximation rank: each gradient matrix n x m travels as (n + m) x rank numbers."""
     powersgd_warmup: int = 10
     """Optimizer steps of plain all-reduce before PowerSGD compresses (>= 2): early gradients are the sensitive ones."""
+    compile: bool = False
+    """torch.compile the model (after DDP: its buckets become the graph's breaks); the first steps compile."""
+    cuda_graphs: bool = False
+    """Capture the whole training step (forward, backward with DDP's all-reduce, optimizer) in one CUDA graph and
+    replay it (CUDA only; --accum-steps 1, fp32 or bf16, --comm-hook none)."""
 
     def __post_init__(self) -> None:
         _one_of("--loader", self.loader, LOADERS)
@@ -180,6 +185,13 @@ class SpeedConfig:
             raise UsageError(
                 f"--powersgd-warmup {self.powersgd_warmup} must be >= {POWERSGD_MIN_WARMUP}: PowerSGD's error "
                 "feedback can only start once DDP has rebuilt its buckets (after 2 steps)"
+            )
+        if self.cuda_graphs and self.compile:
+            raise UsageError("--cuda-graphs with --compile: choose one (the compiled model is not captured)")
+        if self.cuda_graphs and self.comm_hook != "none":
+            raise UsageError(
+                f"--cuda-graphs with --comm-hook {self.comm_hook}: a Python comm hook runs once at capture, not at "
+                "each replay: use --comm-hook none"
             )
 
 
@@ -246,6 +258,16 @@ class TrainConfig:
     health: HealthConfig = field(default_factory=HealthConfig)
 
     def __post_init__(self) -> None:
+        if self.speed.cuda_graphs and self.steps.accum_steps > 1:
+            raise UsageError(
+                f"--cuda-graphs with --accum-steps {self.steps.accum_steps}: the graph is one whole optimizer step; "
+                "use --accum-steps 1 (a larger --batch-size instead)"
+            )
+        if self.speed.cuda_graphs and self.model.precision == "fp16":
+            raise UsageError(
+                "--cuda-graphs with --precision fp16: GradScaler checks for overflow on the host at every step; "
+                "use --precision bf16 (no scaler) or fp32"
+            )
         if self.output.checkpoint_every_seconds and not self.health.exchange_every:
             raise UsageError(
                 f"--checkpoint-every-seconds {self.output.checkpoint_every_seconds:g} needs the ranks' exchange to "

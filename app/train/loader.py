@@ -1,8 +1,10 @@
 """Batches for one rank: DistributedSampler order, resumable at any batch of an epoch.
 
-``memory`` (default) indexes whole batches from the in-memory tensors (no per-sample collation);
+``memory`` (default) keeps the whole split on the rank's device (on a GPU: copied there once, so a
+step makes no host-to-device copy) and indexes whole batches from it (no per-sample collation);
 ``dataloader`` is torch's DataLoader over a TensorDataset with the same DistributedSampler, worker
-processes and pinned memory on GPU. Both give the same samples in the same order.
+processes and pinned memory on GPU. Both give the same samples in the same order, in the memory
+format the model asks for (``channels_last`` for conv models on CUDA: ``models.memory_format``).
 """
 
 import itertools
@@ -43,10 +45,11 @@ class TrainLoader:
         device: torch.device,
         kind: str = "memory",
         workers: int = 0,
+        memory_format: torch.memory_format = torch.contiguous_format,
     ) -> None:
         self.rank, self.world, self.batch_size, self.seed = rank, world, batch_size, seed
-        self.device, self.kind, self.workers = device, kind, workers
-        self.split = split if kind == "dataloader" else Split(split.x.to(device), split.y.to(device))
+        self.device, self.kind, self.workers, self.memory_format = device, kind, workers, memory_format
+        self.split = split if kind == "dataloader" else on_device(split, device, memory_format)
         self.samples_per_rank = math.ceil(len(split) / world)
 
     def __len__(self) -> int:
@@ -63,7 +66,12 @@ class TrainLoader:
         order = rank_indices(len(self.split), self.rank, self.world, self.seed, epoch).to(self.device)
         for i in range(start, len(self)):
             idx = order[i * self.batch_size : (i + 1) * self.batch_size]
-            yield self.split.x.index_select(0, idx), self.split.y.index_select(0, idx)
+            yield self._take(self.split.x, idx), self.split.y.index_select(0, idx)
+
+    def _take(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """Rows ``idx`` of ``x``: index_select (fastest; its result is contiguous) or, for channels_last,
+        advanced indexing (keeps the format: no conversion copy per batch)."""
+        return x.index_select(0, idx) if self.memory_format == torch.contiguous_format else x[idx]
 
     def _dataloader(self, epoch: int) -> Iterator[Batch]:
         dataset = TensorDataset(self.split.x, self.split.y)
@@ -74,11 +82,22 @@ class TrainLoader:
             dataset, batch_size=self.batch_size, sampler=sampler, num_workers=self.workers, pin_memory=pin
         )
         for x, y in loader:
-            yield x.to(self.device, non_blocking=pin), y.to(self.device, non_blocking=pin)
+            x = x.to(self.device, non_blocking=pin, memory_format=self.memory_format)
+            yield x, y.to(self.device, non_blocking=pin)
+
+
+def on_device(
+    split: Split, device: torch.device, memory_format: torch.memory_format = torch.contiguous_format
+) -> Split:
+    """``split`` copied once to ``device``, images in ``memory_format`` (4-d images only; others stay as they are)."""
+    x = split.x.to(device)
+    if x.dim() == 4:
+        x = x.contiguous(memory_format=memory_format)
+    return Split(x, split.y.to(device))
 
 
 def eval_batches(split: Split, rank: int, world: int, batch_size: int, device: torch.device) -> Iterator[Batch]:
-    """This rank's evaluation batches (see ``eval_indices``)."""
-    idx = eval_indices(len(split), rank, world)
+    """This rank's evaluation batches (see ``eval_indices``); ``split`` may already be on ``device``."""
+    idx = eval_indices(len(split), rank, world).to(split.x.device)
     for chunk in idx.split(batch_size):
         yield split.x[chunk].to(device), split.y[chunk].to(device)

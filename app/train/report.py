@@ -70,6 +70,8 @@ class Reporter:
         self.tty = enabled and not quiet and self.stream.isatty()
         self.tensorboard, self.tensorboard_every = enabled and tensorboard, tensorboard_every
         self.scalars: scalars.Scalars | None = None
+        self._metrics: TextIO | None = None
+        """OUT/metrics.jsonl, open from the first record to ``close``."""
 
     @classmethod
     def of(cls, cfg: OutputConfig, enabled: bool) -> "Reporter":
@@ -81,10 +83,13 @@ class Reporter:
             print(line, file=self.stream, flush=True)
 
     def _append(self, record: dict) -> None:
-        if self.enabled:
+        """One line of metrics.jsonl: the file stays open (line-buffered: each record is one write, seen at once)."""
+        if not self.enabled:
+            return
+        if self._metrics is None:
             self.out.mkdir(parents=True, exist_ok=True)
-            with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(record) + "\n")
+            self._metrics = open(self.out / "metrics.jsonl", "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+        self._metrics.write(json.dumps(record) + "\n")
 
     def event(self, kind: str, **fields) -> None:
         """A record in metrics.jsonl, such as a resume or a checkpoint."""
@@ -121,7 +126,7 @@ class Reporter:
     def after_step(self, trainer: "Trainer", step: int) -> None:
         """A step hook: rank 0's training loss into TensorBoard every ``tensorboard_every`` optimizer steps."""
         if self.scalars is not None and self.tensorboard_every and step % self.tensorboard_every == 0:
-            self.scalars.step_loss(step, trainer.last_loss.item())
+            self.scalars.step_loss(step, trainer.last_loss)
 
     def epoch(self, record: dict) -> None:
         """One summary line per epoch, its record in metrics.jsonl, and its TensorBoard scalars."""
@@ -140,10 +145,13 @@ class Reporter:
         print(format_summary(summary), file=self.stream, flush=True)
 
     def close(self) -> None:
-        """Flush and close the TensorBoard file, if one is open."""
+        """Flush and close the TensorBoard file and metrics.jsonl, if open."""
         if self.scalars is not None:
             self.scalars.close()
             self.scalars = None
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
 
     def __enter__(self) -> Self:
         return self
@@ -157,7 +165,17 @@ def format_epoch(r: dict) -> str:
         f"epoch {r['epoch'] + 1}/{r['epochs']}  train loss {r['train_loss']:.4f}  "
         f"test loss {r['test_loss']:.4f}  acc {100 * r['test_accuracy']:.2f}% "
         f"({r['test_correct']}/{r['test_samples']})  {r['samples_per_s']:.0f} samples/s  "
-        f"step {r['step_ms']:.2f} ms"
+        f"step {r['step_ms']:.2f} ms{format_mfu(r)}"
+    )
+
+
+def format_mfu(r: dict) -> str:
+    """``  12.3 TFLOP/s per GPU, MFU 1.2% of 989 (data sheet (H100))`` when ``r`` has them (CUDA), else ''."""
+    if "mfu" not in r:
+        return ""
+    return (
+        f"  {r['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU {100 * r['mfu']:.1f}% of {r['peak_tflops']:.0f} "
+        f"({r['peak_source']})"
     )
 
 
@@ -165,5 +183,5 @@ def format_summary(s: dict) -> str:
     same = "identical on all ranks" if s["params_identical"] else f"DIFFER across ranks (max {s['param_spread']:g})"
     return (
         f"done: {s['step']} steps, {s['epochs_completed']} epochs, test acc {100 * s['test_accuracy']:.2f}%, "
-        f"{s['samples_per_s']:.0f} samples/s, params {same}; summary in {s['summary_path']}"
+        f"{s['samples_per_s']:.0f} samples/s{format_mfu(s)}, params {same}; summary in {s['summary_path']}"
     )

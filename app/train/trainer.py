@@ -38,11 +38,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from app import progress
 from app.errors import UsageError, first_line
 from app.runtime.distributed import DistContext
-from app.train import checkpoint, comm_hooks, models, sync, watch
+from app.train import checkpoint, comm_hooks, flops, graphs, models, sync, watch
 from app.train import precision as amp
 from app.train.config import TrainConfig
 from app.train.data import Dataset
-from app.train.loader import TrainLoader, eval_batches
+from app.train.loader import TrainLoader, eval_batches, on_device
 from app.train.report import Reporter
 
 EVAL_BATCH = 1024
@@ -75,13 +75,18 @@ StepHook = Callable[["Trainer", int], None]
 """Called as ``hook(trainer, step)`` after each optimizer step (see the module docstring)."""
 
 
-def build_optimizer(name: str, params, lr: float, weight_decay: float, impl: str = "fused") -> torch.optim.Optimizer:
-    """Adam, AdamW or SGD (momentum 0.9) with the fused, foreach or per-parameter implementation."""
+def build_optimizer(
+    name: str, params, lr: float, weight_decay: float, impl: str = "fused", capturable: bool = False
+) -> torch.optim.Optimizer:
+    """Adam, AdamW or SGD (momentum 0.9) with the fused, foreach or per-parameter implementation.
+
+    capturable: Adam's step count on the device, so that a CUDA graph can hold the step (SGD needs nothing).
+    """
     kind = {"fused": {"fused": True}, "foreach": {"foreach": True}, "loop": {"foreach": False}}[impl]
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay, **kind)
     cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
-    return cls(params, lr=lr, weight_decay=weight_decay, **kind)
+    return cls(params, lr=lr, weight_decay=weight_decay, capturable=capturable, **kind)
 
 
 def static_graph(cfg: TrainConfig) -> bool:
@@ -132,18 +137,36 @@ class Trainer:
         self.rank, self.world = ctx.proc.rank, ctx.proc.world_size
         o, s, speed = cfg.optim, cfg.steps, cfg.speed
         self.precision = amp.make(cfg.model.precision, ctx.device)
+        if speed.cuda_graphs and ctx.device.type != "cuda":
+            raise UsageError(
+                f"--cuda-graphs needs a CUDA GPU, and this rank trains on {ctx.device}: drop --cuda-graphs"
+            )
+        fmt = models.memory_format(cfg.model.model, ctx.device)
         torch.manual_seed(s.seed)
-        self.model = models.build(cfg.model.model, data.shape, data.num_classes).to(ctx.device)
-        self.ddp = wrap_ddp(self.model, ctx, cfg)
+        self.model = models.build(cfg.model.model, data.shape, data.num_classes).to(ctx.device, memory_format=fmt)
+        side = torch.cuda.Stream(ctx.device) if speed.cuda_graphs else None
+        with torch.cuda.stream(side) if side else nullcontext():  # DDP is built where the graph is captured
+            self.ddp = wrap_ddp(self.model, ctx, cfg)
         """The model as it trains: DDP, or the model itself on a world of one."""
         self.comm = comm_hooks.register(self.ddp, speed, ctx.group, wrap_comm_hook)
         self.model = self.ddp.module if isinstance(self.ddp, DDP) else self.ddp  # SyncBatchNorm makes a new one
+        self.forward = torch.compile(self.ddp) if speed.compile else self.ddp
+        """What a training batch goes through: ``ddp``, or ``ddp`` compiled by torch.compile (--compile)."""
         self.optimizer = build_optimizer(
-            o.optimizer, self.model.parameters(), o.lr, o.weight_decay, speed.optimizer_impl
+            o.optimizer, self.model.parameters(), o.lr, o.weight_decay, speed.optimizer_impl, bool(side)
         )
+        self.graphed = (
+            graphs.GraphedStep(self.forward, self.optimizer, cfg.model.precision, side, s.batch_size) if side else None
+        )
+        """--cuda-graphs: the whole step as one CUDA graph (forward, backward, all-reduce, optimizer)."""
         self.loader = TrainLoader(
-            data.train, self.rank, self.world, s.batch_size, s.seed, ctx.device, speed.loader, cfg.data.workers
+            data.train, self.rank, self.world, s.batch_size, s.seed, ctx.device, speed.loader, cfg.data.workers, fmt
         )
+        self.test = on_device(data.test, ctx.device, fmt) if speed.loader == "memory" else data.test
+        """The test split, where evaluation reads it (on the device with the memory loader)."""
+        self.flops_per_sample = 0.0
+        """FLOPs of one sample's forward and backward pass (counted on CUDA only, where TFLOP/s and MFU are shown)."""
+        self.peak: flops.Peak | None = None
         self.pos = Position()
         self.last_loss = torch.zeros((), device=ctx.device)
         """This rank's loss of the latest micro-batch (detached; ``.item()`` waits for the device)."""
@@ -270,9 +293,11 @@ class Trainer:
         """Forward and backward of one micro-batch; gradients all-reduced only when ``sync``."""
         if sync:
             self.watch.doing = (watch.GRADIENTS, self.pos.step + 1)
+        if self.graphed is not None:  # forward, backward and the optimizer step: one graph (no accumulation)
+            return self.graphed(x, y)
         with nullcontext() if sync else self.no_sync():
             with self.precision.autocast():
-                loss = F.cross_entropy(self.ddp(x), y)
+                loss = F.cross_entropy(self.forward(x), y)
             scaled = loss * weight if weight != 1.0 else loss
             (self.precision.scaler.scale(scaled) if self.precision.scaler else scaled).backward()
         self.watch.backward_done()
@@ -283,13 +308,15 @@ class Trainer:
         return self.ddp.no_sync() if isinstance(self.ddp, DDP) else nullcontext()
 
     def _optimizer_step(self) -> None:
+        """The optimizer's step (with --cuda-graphs the graph took it already); count it."""
         scaler = self.precision.scaler
-        if scaler:
-            scaler.step(self.optimizer)
-            scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.graphed is None:
+            if scaler:
+                scaler.step(self.optimizer)
+                scaler.update()
+            else:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         self.pos.step += 1
 
     def _after_step(self) -> bool:
@@ -329,7 +356,7 @@ class Trainer:
                 group_size = min(k, total - group_start)
                 boundary = i + 1 == group_start + group_size
                 self.last_loss = self._run_batch(x, y, boundary, 1.0 / group_size)
-                loss_sum += self.last_loss * y.shape[0]
+                loss_sum.add_(self.last_loss, alpha=y.shape[0])  # one kernel, no temporary
                 samples += y.shape[0]
                 bar.advance(self.last_loss)
                 if boundary:
@@ -351,14 +378,16 @@ class Trainer:
         """Test loss and accuracy over all ranks, every test sample counted exactly once."""
         self.watch.doing = (watch.EVALUATION, self.pos.step)
         self.model.eval()
-        loss_sum, correct, count = 0.0, 0.0, 0.0
-        for x, y in eval_batches(self.data.test, self.rank, self.world, EVAL_BATCH, self.ctx.device):
+        sums = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)  # loss, correct: read once, at the end
+        count = 0
+        for x, y in eval_batches(self.test, self.rank, self.world, EVAL_BATCH, self.ctx.device):
             with self.precision.autocast():
                 logits = self.model(x)
-            loss_sum += F.cross_entropy(logits.float(), y, reduction="sum").item()
-            correct += (logits.argmax(dim=1) == y).sum().item()
+            sums[0] += F.cross_entropy(logits.float(), y, reduction="sum")
+            sums[1] += (logits.argmax(dim=1) == y).sum()
             count += y.shape[0]
         self.model.train()
+        loss_sum, correct = sums.tolist()
         loss_sum, correct, count = sync.all_sum([loss_sum, correct, count], self.ctx.device, self.ctx.group)
         return {
             "test_loss": loss_sum / max(count, 1),
@@ -382,6 +411,7 @@ class Trainer:
             "step_ms": 1000 * seconds / max(steps / self.world, 1),
             "seconds": seconds,
             "lr": self.optimizer.param_groups[0]["lr"],
+            **self.speed_of_light(samples / self.world, seconds),
             **self.evaluate(),
         }
 
@@ -391,6 +421,21 @@ class Trainer:
         o = self.cfg.steps
         return self.pos.epoch >= o.epochs or bool(o.max_steps and self.pos.step >= o.max_steps)
 
+    def count_flops(self) -> None:
+        """On CUDA: count one sample's training FLOPs and find the GPU's bf16 peak (for TFLOP/s and MFU)."""
+        if self.ctx.device.type != "cuda":
+            return
+        n = self.cfg.steps.batch_size
+        x, y = (t[:n].to(self.ctx.device) for t in (self.loader.split.x, self.loader.split.y))
+        self.flops_per_sample = flops.per_sample(self.model, x, y, self.precision)
+        self.peak = flops.peak(self.ctx.device)
+
+    def speed_of_light(self, samples_per_gpu: float, seconds: float) -> dict:
+        """Achieved TFLOP/s per GPU and MFU of ``samples_per_gpu`` samples in ``seconds`` (empty off CUDA)."""
+        if self.peak is None:
+            return {}
+        return flops.describe(flops.achieved(self.flops_per_sample, samples_per_gpu, seconds), self.peak)
+
     def fit(self) -> dict:
         """Train to the end (or --max-steps) and return the summary; rank 0 reports and saves."""
         o, out = self.cfg.steps, self.cfg.output
@@ -399,6 +444,7 @@ class Trainer:
         if self.previous is not None:
             self.reporter.resumed(self.previous, self.ctx.proc.restart_count)
         self._saved_at, self._save_every_s = time.monotonic(), out.checkpoint_every_seconds
+        self.count_flops()
         record: dict = {}
         totals = {"samples": 0.0, "seconds": 0.0}
         go_on = not self.finished
@@ -431,6 +477,7 @@ class Trainer:
             "test_samples": last["test_samples"],
             "samples_per_s": totals["samples"] / totals["seconds"] if totals["seconds"] else 0.0,
             "train_seconds": totals["seconds"],
+            **{k: last[k] for k in ("tflops_per_gpu", "mfu", "peak_tflops", "peak_source") if k in last},
             "params_identical": spread == 0.0,
             "param_spread": spread,
             "resumed_from": self.resumed_from,
@@ -456,6 +503,9 @@ class Trainer:
             "optimizer": o.optimizer,
             "lr": o.lr,
             "static_graph": static_graph(self.cfg),
+            "compile": self.cfg.speed.compile,
+            "cuda_graphs": self.cfg.speed.cuda_graphs,
+            "channels_last": self.loader.memory_format == torch.channels_last,
             "comm_hook": self.comm.name,
             "epochs": s.epochs,
             "train_samples": len(self.data.train),
@@ -465,6 +515,7 @@ class Trainer:
     def banner(self) -> str:
         d = self.describe()
         hook = f", {d['comm_hook']} gradients" if d["comm_hook"] != "none" else ""
+        hook += "".join(f", {name}" for name in ("compile", "cuda_graphs", "channels_last") if d[name])
         return (
             f"train: {d['model']} on {d['dataset']} ({d['train_samples']} train / {d['test_samples']} test), "
             f"{d['world_size']} rank(s) on {d['nodes']} node(s), per-rank batch {d['batch_size']} x "

@@ -197,7 +197,8 @@ class Watch:
         since its last checkpoint (the same on every rank)."""
         w = self.window
         seconds = time.perf_counter() - w.start - w.idle
-        mine = torch.tensor([w.steps, seconds, w.data, w.wait, since_checkpoint], dtype=torch.float64)
+        times = [w.steps, seconds, w.data, w.wait, since_checkpoint]
+        mine = torch.tensor(times, dtype=torch.float64, device=self.ctx.device)  # NCCL reduces GPU tensors only
         self.doing = (EXCHANGE, step)
         if self.world > 1:
             rows = [torch.empty_like(mine) for _ in range(self.world)]
@@ -206,10 +207,11 @@ class Watch:
             rows = [mine]
         self.exchanged_at = step
         self.new_window()
-        record, line = analyse([r.tolist() for r in rows], self.hosts, step, self.cfg.straggler_percent)
+        table = torch.stack(rows).tolist()  # one read of the device
+        record, line = analyse(table, self.hosts, step, self.cfg.straggler_percent)
         if not self._namer.name(record["slowest_rank"] if line else None):
             line = None
-        return record, line, float(rows[0][4])
+        return record, line, float(table[0][4])
 
     # --- a failed collective ---------------------------------------------------------------------
 

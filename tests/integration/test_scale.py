@@ -60,7 +60,7 @@ def test_slurm_ranks_are_measured_as_given_with_a_sweep(tmp_path) -> None:
     jsonschema.validate(r, SCHEMA)
     assert r["world_sizes"] == [1, 2] and r["launcher"] == "slurm"
     by_name = {v["name"]: v for v in r["variants"]}
-    assert len(by_name) == 8
+    assert len(by_name) == 9 and by_name["none, bucket 25 MiB, compile"]["compile"] is True  # torch.compile too
     assert "one bucket" in by_name["powersgd, bucket 0.01 MiB"]["skipped"]  # it would hang gloo
     assert by_name["none, bucket 0.01 MiB"]["points"][1]["buckets"] == 2
     assert by_name["fp16, bucket 25 MiB"]["points"][1]["buckets"] == 1

@@ -30,8 +30,11 @@ def test_bench_reports_both_loops_and_the_ratio(tmp_path) -> None:
         "comm_hook": "none",
         "powersgd_rank": 2,
         "powersgd_warmup": 10,
+        "compile": False,
+        "cuda_graphs": False,
     }
-    assert len(report["variants"]) == 9
+    assert len(report["variants"]) == 10 and report["variants"]["compile"]["settings"]["compile"] is True
+    assert report["precision"] == "fp32" and "mfu" not in report  # MFU on GPUs only
     assert report["one_process_samples_per_s"] > 0 and len(rates["one process"]) == 3
     per_round = [a / (2 * o) for a, o in zip(rates["app"], rates["one process"], strict=True)]
     assert report["scaling"] == pytest.approx(statistics.median(per_round))

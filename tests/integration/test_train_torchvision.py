@@ -126,3 +126,16 @@ def test_resnet18_on_cifar10_two_ranks(tmp_path) -> None:
     assert [r.returncode for r in results] == [0, 0], results[0].stderr[-3000:]
     s = summary(out)
     assert s["model"] == "resnet18" and s["step"] == 5 and s["params_identical"] is True
+
+
+def test_resnet50_on_synthetic_224_images(tmp_path) -> None:
+    # The classic per-GPU DDP benchmark's model and images (Horovod's synthetic benchmark), kept tiny:
+    # 2 steps of 2 images per rank, 2 ranks.
+    out = tmp_path / "run"
+    shape = ["--dataset", "synthetic", "--input-shape", "3x224x224", "--train-samples", "8", "--test-samples", "4"]
+    args = ["train", *shape, "--model", "resnet50", "--batch-size", "2", "--epochs", "1", "--out", str(out), "--quiet"]
+    results = run_ranks(2, args, tmp_path)
+    assert [r.returncode for r in results] == [0, 0], results[0].stderr[-3000:]
+    s = summary(out)
+    assert s["model"] == "resnet50" and s["step"] == 2 and s["params_identical"] is True
+    assert s["channels_last"] is False  # channels_last is for CUDA; this runs on the CPU

@@ -84,8 +84,9 @@ def test_sweep_is_every_hook_with_every_bucket_size() -> None:
     cfg = TrainConfig()
     assert list(variants(cfg, ScaleConfig())) == ["none, bucket 25 MiB"]
     swept = variants(cfg, ScaleConfig(sweep=True, sweep_buckets=(25.0, 0.01)))
-    assert len(swept) == 2 * len(COMM_HOOKS)
+    assert len(swept) == 2 * len(COMM_HOOKS) + 1
     assert swept["powersgd, bucket 0.01 MiB"].speed == SpeedConfig(comm_hook="powersgd", bucket_cap_mb=0.01)
+    assert swept["none, bucket 25 MiB, compile"].speed == SpeedConfig(compile=True)
 
 
 def _context(sizes=(1, 2, 4)) -> dict:
@@ -101,6 +102,9 @@ def _context(sizes=(1, 2, 4)) -> dict:
         "dataset": "synthetic",
         "batch_per_rank": 64,
         "gradient_bytes": S,
+        "flops_per_sample": None,
+        "peak_tflops": None,
+        "peak_source": None,
         "rounds": 5,
         "steps_per_round": 20,
     }
@@ -113,7 +117,7 @@ def _times(n: int, t1: float, exposed: float, compute_growth: float = 1.0) -> di
     return {"times": {"step": step, "compute": compute, "comm": comm, "buckets": 1, "steps": 20, "rounds": [step] * 3}}
 
 
-def _report(compute_growth: float = 1.0, exposed: float = 1.0) -> dict:
+def _report(compute_growth: float = 1.0, exposed: float = 1.0, context: dict | None = None) -> dict:
     bare = [AllReduceSample(n, size, LINK.seconds(n, size)) for n in (2, 4) for size in (S // 64, S // 8, S)]
     measured = {
         "none, bucket 25 MiB": {n: _times(n, 5.7e-3, exposed, compute_growth) for n in (1, 2, 4)},
@@ -121,7 +125,20 @@ def _report(compute_growth: float = 1.0, exposed: float = 1.0) -> dict:
         "bf16, bucket 25 MiB": {1: {"skipped": "--comm-hook bf16: refused"}, 2: {}, 4: {}},
     }
     speeds = {name: SpeedConfig(comm_hook=name.split(",")[0]) for name in measured}
-    return scale_report.build(_context(), bare, measured, speeds)
+    return scale_report.build(context or _context(), bare, measured, speeds)
+
+
+def test_on_a_gpu_each_point_has_its_tflops_and_mfu() -> None:
+    gpu = {**_context(), "device": "cuda:0", "flops_per_sample": 2e9, "peak_tflops": 100.0, "peak_source": "x"}
+    report = _report(context=gpu)
+    jsonschema.validate(report, scale_report.SCHEMA)
+    one = report["variants"][0]["points"][0]  # 64 samples x 2e9 FLOPs in a 5.7 ms step: 22.5 TFLOP/s
+    assert one["tflops_per_gpu"] == pytest.approx(64 * 2e9 / 5.7e-3 / 1e12) and one["mfu"] == pytest.approx(
+        0.2246, 1e-3
+    )
+    assert "22.5 TFLOP/s/GPU, MFU 22.5%" in scale_report.format_report(report)
+    cpu = _report()
+    assert cpu["variants"][0]["points"][0]["mfu"] is None and "TFLOP/s" not in scale_report.format_report(cpu)
 
 
 def test_the_report_keeps_its_schema_and_its_figures() -> None:

@@ -26,6 +26,11 @@ HAS_TORCHVISION = importlib.util.find_spec("torchvision") is not None
         (["--epochs", "many"], "argument --epochs: invalid int value"),
         (["--loader", "fast"], "--loader 'fast' is not one of memory, dataloader"),
         (["--backend", "mpi"], "invalid choice"),
+        (["--cuda-graphs"], "--cuda-graphs needs a CUDA GPU, and this rank trains on cpu: drop --cuda-graphs"),
+        (["--cuda-graphs", "--accum-steps", "2"], "--cuda-graphs with --accum-steps 2: the graph is one whole"),
+        (["--cuda-graphs", "--precision", "fp16"], "--cuda-graphs with --precision fp16: GradScaler checks"),
+        (["--cuda-graphs", "--compile"], "--cuda-graphs with --compile: choose one"),
+        (["--cuda-graphs", "--comm-hook", "fp16"], "--cuda-graphs with --comm-hook fp16: a Python comm hook"),
     ],
 )
 def test_bad_flag_is_one_line(capsys, tmp_path, args: list[str], message: str) -> None:
@@ -34,7 +39,9 @@ def test_bad_flag_is_one_line(capsys, tmp_path, args: list[str], message: str) -
 
 
 @pytest.mark.skipif(HAS_TORCHVISION, reason="torchvision is installed here")
-@pytest.mark.parametrize("args", [["--model", "resnet18"], ["--dataset", "mnist", "--data-dir", "."]])
+@pytest.mark.parametrize(
+    "args", [["--model", "resnet18"], ["--model", "resnet50"], ["--dataset", "mnist", "--data-dir", "."]]
+)
 def test_torchvision_missing_is_one_line(capsys, tmp_path, args: list[str]) -> None:
     assert "needs torchvision" in _fails(capsys, "train", "--out", str(tmp_path), *args)
 

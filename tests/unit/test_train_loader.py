@@ -45,3 +45,16 @@ def test_resume_position_skips_the_batches_already_done(kind: str) -> None:
     loader = TrainLoader(_split(40), 1, 2, batch_size=3, seed=5, device=CPU, kind=kind)
     full = [y.tolist() for _, y in loader.epoch(4)]
     assert [y.tolist() for _, y in loader.epoch(4, start=2)] == full[2:]
+
+
+@pytest.mark.parametrize("kind", ["memory", "dataloader"])
+def test_channels_last_batches_hold_the_same_samples(kind: str) -> None:
+    # What a conv model gets on CUDA (models.memory_format), here on the CPU: same values, NHWC layout.
+    split = Split(torch.randn(20, 3, 4, 5), torch.arange(20))
+    plain = TrainLoader(split, 0, 2, batch_size=4, seed=1, device=CPU, kind=kind)
+    nhwc = TrainLoader(split, 0, 2, batch_size=4, seed=1, device=CPU, kind=kind, memory_format=torch.channels_last)
+    for (xa, ya), (xb, yb) in zip(plain.epoch(0), nhwc.epoch(0), strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+        assert xb.is_contiguous(memory_format=torch.channels_last) and not xa.is_contiguous(
+            memory_format=torch.channels_last
+        )

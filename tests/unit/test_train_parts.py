@@ -71,7 +71,9 @@ RECORD = {
 
 def test_reporter_on_rank_0_prints_and_keeps_metrics(tmp_path) -> None:
     stream = io.StringIO()
-    Reporter(tmp_path, enabled=True, stream=stream).epoch(RECORD)
+    with Reporter(tmp_path, enabled=True, stream=stream) as reporter:
+        reporter.epoch(RECORD)
+        assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1  # line-buffered: written at once
     assert stream.getvalue() == format_epoch(RECORD) + "\n"
     assert "acc 50.00% (9/18)" in stream.getvalue() and "1234 samples/s" in stream.getvalue()
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["test_correct"] == 9
@@ -79,7 +81,8 @@ def test_reporter_on_rank_0_prints_and_keeps_metrics(tmp_path) -> None:
 
 def test_reporter_quiet_and_other_ranks(tmp_path) -> None:
     stream = io.StringIO()
-    Reporter(tmp_path / "q", enabled=True, quiet=True, stream=stream).epoch(RECORD)
+    with Reporter(tmp_path / "q", enabled=True, quiet=True, stream=stream) as reporter:
+        reporter.epoch(RECORD)
     Reporter(tmp_path / "r1", enabled=False, stream=stream).epoch(RECORD)
     assert stream.getvalue() == ""
     assert (tmp_path / "q" / "metrics.jsonl").exists() and not (tmp_path / "r1").exists()
@@ -91,11 +94,11 @@ class _Terminal(io.StringIO):
 
 
 def _epoch_with_bar(stream: io.StringIO, tmp_path) -> str:
-    reporter = Reporter(tmp_path, enabled=True, stream=stream)
-    with reporter.bar(0, 2, 0, 4) as bar:
-        for _ in range(4):
-            bar.advance(torch.tensor(0.5))
-    reporter.epoch(RECORD)
+    with Reporter(tmp_path, enabled=True, stream=stream) as reporter:
+        with reporter.bar(0, 2, 0, 4) as bar:
+            for _ in range(4):
+                bar.advance(torch.tensor(0.5))
+        reporter.epoch(RECORD)
     return stream.getvalue()
 
 

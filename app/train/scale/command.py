@@ -3,7 +3,7 @@ all-reduce), the scaling law fitted to it and what it predicts for more ranks.
 
     python -m app scale                                    # starts 4 local ranks itself, measures N = 1, 2, 4
     python -m app scale --world-sizes 1,2 --json scale.json --plot scale.png
-    python -m app scale --sweep --world-sizes 1,2          # every --comm-hook x --sweep-buckets, a table
+    python -m app scale --sweep --world-sizes 1,2          # every --comm-hook x --sweep-buckets, and --compile
     torchrun --standalone --nproc-per-node 4 -m app scale  # under any launcher: N = 1, 2, 4, ... up to its ranks
     mpirun -np 4 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29500 python -m app scale
     srun -N 2 --ntasks-per-node 4 python -m app scale --json scale.json
@@ -64,7 +64,7 @@ from app.runtime.distributed import (
     this_process,
 )
 from app.runtime.relaunch import relaunch
-from app.train import models
+from app.train import flops, models, precision
 from app.train.config import (
     COMM_HOOKS,
     DataConfig,
@@ -131,7 +131,8 @@ class ScaleConfig:
     rounds: int = 5
     """Timed rounds per world size (synced and no_sync epochs alternate); figures are medians."""
     sweep: bool = False
-    """Measure every --comm-hook with every --sweep-buckets size, and name the fastest."""
+    """Measure every --comm-hook with every --sweep-buckets size, and the given settings under --compile; name the
+    fastest."""
     sweep_buckets: tuple[float, ...] = field(
         default=(25.0, 0.01), metadata=flag(parse=parse_buckets, show="25,0.01", metavar="MB,MB,...")
     )
@@ -197,11 +198,12 @@ def for_world(cfg: TrainConfig, scale: ScaleConfig, world_size: int) -> TrainCon
 
 
 def variant_name(speed: SpeedConfig) -> str:
-    return f"{speed.comm_hook}, bucket {speed.bucket_cap_mb:g} MiB"
+    return f"{speed.comm_hook}, bucket {speed.bucket_cap_mb:g} MiB" + (", compile" if speed.compile else "")
 
 
 def variants(cfg: TrainConfig, scale: ScaleConfig) -> dict[str, TrainConfig]:
-    """The configurations to measure: ``cfg``, or with --sweep every comm hook with every bucket size."""
+    """The configurations to measure: ``cfg``, or with --sweep every comm hook with every bucket size, and ``cfg``
+    compiled (--compile; --cuda-graphs is not swept: a captured step has no no_sync to time its compute)."""
     if not scale.sweep:
         return {variant_name(cfg.speed): cfg}
     found = {}
@@ -209,7 +211,8 @@ def variants(cfg: TrainConfig, scale: ScaleConfig) -> dict[str, TrainConfig]:
         for cap in scale.sweep_buckets:
             speed = replace(cfg.speed, comm_hook=hook, bucket_cap_mb=cap)
             found[variant_name(speed)] = replace(cfg, speed=speed)
-    return found
+    compiled = replace(cfg.speed, compile=True)
+    return found | {variant_name(compiled): replace(cfg, speed=compiled)}
 
 
 def default_sizes(world_size: int) -> tuple[int, ...]:
@@ -308,9 +311,23 @@ def _context(ctx: DistContext, scale: ScaleConfig, cfg: TrainConfig, sizes: tupl
         "dataset": cfg.data.dataset,
         "batch_per_rank": cfg.steps.batch_size * cfg.steps.accum_steps,
         "gradient_bytes": nbytes,
+        **_speed_of_light(cfg, ctx),
         "rounds": scale.rounds,
         "steps_per_round": scale.steps if cfg.data.dataset == "synthetic" else None,
     }
+
+
+def _speed_of_light(cfg: TrainConfig, ctx: DistContext) -> dict:
+    """On CUDA: one sample's training FLOPs and the GPU's bf16 peak (the report's TFLOP/s and MFU); nulls elsewhere."""
+    if ctx.device.type != "cuda":
+        return {"flops_per_sample": None, "peak_tflops": None, "peak_source": None}
+    data = prepare_data(for_world(cfg, ScaleConfig(), 1), ctx)
+    model = models.build(cfg.model.model, data.shape, data.num_classes).to(ctx.device)
+    n = cfg.steps.batch_size
+    x, y = data.train.x[:n].to(ctx.device), data.train.y[:n].to(ctx.device)
+    top = flops.peak(ctx.device)
+    per_sample = flops.per_sample(model, x, y, precision.make(cfg.model.precision, ctx.device))
+    return {"flops_per_sample": per_sample, "peak_tflops": top.tflops, "peak_source": top.source}
 
 
 def run(args: argparse.Namespace) -> int:

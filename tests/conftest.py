@@ -1,0 +1,42 @@
+"""One suite for CPU and GPU machines: what every test sees of the GPUs.
+
+- A test marked ``gpu`` needs CUDA: it is skipped where no GPU is visible (one rule, one reason),
+  and runs everywhere else (``make test-gpu`` runs only these; ``make test`` runs them too).
+- Every other test asserts CPU/gloo behaviour, so it sees no GPU: ``CUDA_VISIBLE_DEVICES`` is empty
+  in its environment (every subprocess it starts inherits that) and, in this process, torch reports
+  no CUDA device. On a GPU workstation such a test then behaves as on a CPU machine instead of
+  picking nccl, or two ranks on one GPU.
+"""
+
+import functools
+
+import pytest
+import torch
+
+NO_GPU = "needs a CUDA GPU (none is visible here): runs on a GPU machine, `make test-gpu`"
+
+
+@functools.cache
+def gpus_here() -> int:
+    """CUDA devices this machine shows torch (asked once, before any test hides them)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if gpus_here():
+        return
+    skip = pytest.mark.skip(reason=NO_GPU)
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _cpu_unless_marked_gpu(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hide the GPUs from a test that is not marked ``gpu`` (subprocesses and this process alike)."""
+    if request.node.get_closest_marker("gpu"):
+        return
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    if gpus_here():  # torch already initialised CUDA here: the variable no longer reaches it
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)

@@ -1,0 +1,246 @@
+"""The image builder's decisions (docker/imagebuild), without Docker: base choice, wheelhouse
+flavour, the wheels image's digest cache, the wheelhouse's up-to-date check, docker/versions.env as
+the one place of names and pins, and bad flags as one line with exit status 2.
+
+Run: ``.venv/bin/python -m pytest tests/unit/test_imagebuild.py`` (a few seconds).
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from imagebuild import base, engine, image, versions, wheelhouse
+from imagebuild.host import BuildError
+
+from app.topology.spec import Job
+
+ROOT = Path(__file__).resolve().parents[2]
+UPSTREAM, LOCAL = "python:slim", "local-base:test"
+
+
+def builder(*args: str) -> subprocess.CompletedProcess:
+    """`python -m imagebuild ARGS` as make runs it (PYTHONPATH=docker)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "docker")}
+    cmd = [sys.executable, "-m", "imagebuild", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+class Registry:
+    """What base.choose may ask: is an image present or pullable (records how long it may wait)."""
+
+    def __init__(self, reachable: bool) -> None:
+        self.reachable = reachable
+        self.asked: list[tuple[str, float]] = []
+
+    def __call__(self, image: str, seconds: float) -> bool:
+        self.asked.append((image, seconds))
+        return self.reachable
+
+
+@pytest.mark.parametrize(
+    ("mode", "reachable", "chosen", "waited"),
+    [
+        ("auto", True, UPSTREAM, 300),
+        ("auto", False, LOCAL, 300),
+        ("upstream", True, UPSTREAM, 900),
+        ("local", True, LOCAL, None),  # never asks the registry, reachable or not
+    ],
+)
+def test_base_choice_follows_the_mode_and_the_registry(mode, reachable, chosen, waited) -> None:
+    registry = Registry(reachable)
+    assert base.choose(mode, UPSTREAM, LOCAL, registry) == chosen
+    assert registry.asked == ([] if waited is None else [(UPSTREAM, waited)])
+
+
+def test_upstream_base_without_a_registry_names_the_offline_fix() -> None:
+    with pytest.raises(BuildError, match=r"cannot pull python:slim .*build offline with BASE=local"):
+        base.choose("upstream", UPSTREAM, LOCAL, Registry(False))
+
+
+@pytest.mark.parametrize(
+    ("flavour", "mode", "before", "base_image", "after"),
+    [
+        ("cpu", "auto", "cpu", UPSTREAM, "cpu"),
+        ("cpu", "upstream", "cpu", UPSTREAM, "cpu"),
+        ("cuda", "local", "cpu", LOCAL, "cpu"),  # CI's stand-in: CPU torch
+        ("cuda", "upstream", "cuda", UPSTREAM, "cuda"),
+        ("cuda", "auto", None, UPSTREAM, "cuda"),  # known only once the base is
+        ("cuda", "auto", None, LOCAL, "cpu"),
+    ],
+)
+def test_wheelhouse_flavour_before_and_after_the_base(flavour, mode, before, base_image, after) -> None:
+    assert wheelhouse.flavour_before_base(flavour, mode) == before
+    assert wheelhouse.flavour_for_base(flavour, base_image, LOCAL) == after
+
+
+class Docker:
+    """The docker CLI's part that wrap() uses: labels of images, and builds that set them."""
+
+    def __init__(self) -> None:
+        self.labels: dict[str, dict[str, str]] = {}
+        self.builds: list[list[str]] = []
+
+    def label(self, image: str, key: str) -> str:
+        return self.labels.get(image, {}).get(key, "")
+
+    def build(self, args: list[str], log: Path | None = None) -> bool:
+        self.builds.append(args)
+        key, value = args[args.index("--label") + 1].split("=", 1)
+        self.labels[args[args.index("-t") + 1]] = {key: value}
+        return True
+
+
+def test_wheels_image_is_rebuilt_only_when_the_wheelhouse_digest_changes(tmp_path) -> None:
+    (tmp_path / "requirements.txt").write_text("numpy==1\n")
+    (tmp_path / "numpy-1-cp311-none-any.whl").write_bytes(b"wheel")
+    docker = Docker()
+    assert image.wrap(tmp_path, "x-wheels:cpu", docker), "no image yet: a miss"
+    assert not image.wrap(tmp_path, "x-wheels:cpu", docker), "same folder: a hit"
+    assert image.wrap(tmp_path, "y-wheels:cpu", docker), "another image name: its own image"
+    (tmp_path / "tzdata-1-py3-none-any.whl").write_bytes(b"another wheel")
+    assert image.wrap(tmp_path, "x-wheels:cpu", docker), "a wheel more: a miss"
+    (tmp_path / "requirements.txt").write_text("numpy==2\n")
+    assert image.wrap(tmp_path, "x-wheels:cpu", docker), "another list: a miss"
+    assert len(docker.builds) == 4
+
+
+def request(out: Path, torch: str = "torch==9.9.9+cpu") -> wheelhouse.Request:
+    return wheelhouse.Request(out, torch, "", Path("/no/such/python"), "3.11", "x86_64")
+
+
+def test_wheelhouse_with_unchanged_inputs_is_left_alone(tmp_path, capsys) -> None:
+    """Up to date: no pip at all (its Python does not exist); other inputs: pip is needed (the control)."""
+    filled = request(tmp_path)
+    digest = wheelhouse.inputs_digest(filled, wheelhouse.build_requires())
+    wheelhouse.write_list(filled, tmp_path, digest)
+    wheelhouse.fill(filled)
+    assert "is up to date" in capsys.readouterr().out
+    listed = (tmp_path / "requirements.txt").read_text().splitlines()
+    assert "torch==9.9.9+cpu" in listed and any(line.startswith("# left-out: ") for line in listed)
+    with pytest.raises(BuildError, match="'/no/such/python -m pip' does not run"):
+        wheelhouse.fill(request(tmp_path, torch="torch==9.9.8+cpu"))
+
+
+def test_a_failed_background_fill_stops_the_build_with_one_line(tmp_path) -> None:
+    filling = wheelhouse.start(request(tmp_path / "house"))
+    with pytest.raises(BuildError, match="could not be filled"):
+        wheelhouse.wait(filling, tmp_path / "house")
+    wheelhouse.stop(filling)  # already ended: nothing to do, no error
+
+
+def test_stop_ends_a_running_fill_and_its_process_group(tmp_path) -> None:
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    wheelhouse.stop(sleeper)
+    assert sleeper.returncode is not None and sleeper.returncode < 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["image", "--flavour", "gpu"], "argument --flavour: invalid choice: 'gpu'"),
+        (["image", "--flavour", "cpu", "--base", "cloud"], "argument --base: invalid choice: 'cloud'"),
+        (["image"], "the following arguments are required: --flavour"),
+        (["image", "--flavour", "cpu", "--torch-cpu", "numpy"], "--torch-cpu: must be a torch requirement"),
+        (["wheelhouse", "--out", "/tmp/x", "--torch", "numpy"], "--torch: must be a torch requirement"),
+        (["engine", "--nope"], "unrecognized arguments: --nope"),
+        (["cook"], "invalid choice: 'cook'"),
+        ([], "the following arguments are required: STEP"),
+    ],
+)
+def test_bad_flags_are_one_line_and_exit_2(args, message) -> None:
+    proc = builder(*args)
+    assert proc.returncode == 2, proc
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert message in proc.stderr and "--help" in proc.stderr
+
+
+def test_every_step_has_help() -> None:
+    proc = builder("--help")
+    assert proc.returncode == 0
+    for step in ("tools", "engine", "base", "wheelhouse", "image"):
+        assert f"    {step}" in proc.stdout
+        assert builder(step, "--help").returncode == 0
+
+
+def test_a_malformed_versions_line_is_named(tmp_path) -> None:
+    (tmp_path / "versions.env").write_text("# fine\nIMAGE_NAME=x\nTORCH_VERSION = '2.0'\n")
+    with pytest.raises(BuildError, match=r"versions.env:3: .* is not KEY=VALUE"):
+        versions.read(tmp_path / "versions.env")
+
+
+def test_each_version_is_written_only_in_versions_env() -> None:
+    """Each value of docker/versions.env specific enough to grep for (not 'bookworm' or '3.11') is
+    in no other file of the repository; the control: the versions file itself holds them all."""
+    values = [value for value in versions.read().values() if len(value) >= 6 and any(c in value for c in ":/.")]
+    assert len(values) >= 5, values
+    tracked = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True)
+    texts = {
+        path: (ROOT / path).read_text(errors="ignore") for path in tracked.stdout.split() if (ROOT / path).is_file()
+    }
+    assert all(value in texts["docker/versions.env"] for value in values)
+    restated = {value: [path for path, text in texts.items() if value in text] for value in values}
+    assert {value: paths for value, paths in restated.items() if paths != ["docker/versions.env"]} == {}
+
+
+def test_the_makefile_takes_the_versions_as_overridable_knobs() -> None:
+    pins = versions.read()
+
+    def dry_run(*args: str, **env: str) -> str:
+        cmd = ["make", "--no-print-directory", "-n", "image-cpu", *args]
+        done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    default = dry_run()
+    for flag, key in (("--name", "IMAGE_NAME"), ("--cpu-base", "CPU_BASE_IMAGE"), ("--torch-version", "TORCH_VERSION")):
+        assert f"{flag} {pins[key]} " in default
+    assert "--name from-the-command-line " in dry_run("IMAGE_NAME=from-the-command-line")
+    assert "--name from-the-environment " in dry_run(IMAGE_NAME="from-the-environment")
+
+
+def test_the_spec_names_the_image_that_make_builds() -> None:
+    assert Job().image == f"{versions.read()['IMAGE_NAME']}:cpu"
+
+
+def test_a_python_that_does_not_run_is_one_line_before_the_builder() -> None:
+    cmd = ["make", "--no-print-directory", "-s", "image-cpu", "PYTHON=no-such-python3"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    first, *rest = done.stderr.splitlines()
+    assert first == "error: PYTHON=no-such-python3 does not run; install Python 3.11+ or pass PYTHON=/path/to/python3"
+    assert all(line.startswith("make: ***") for line in rest), done.stderr
+
+
+class Engine:
+    """An engine that answers from the Nth question on (never, when N is None)."""
+
+    def __init__(self, answers_from: int | None) -> None:
+        self.answers_from, self.asked = answers_from, 0
+
+    def answers(self) -> bool:
+        self.asked += 1
+        return self.answers_from is not None and self.asked >= self.answers_from
+
+
+def dockerd_running(monkeypatch, running: bool) -> None:
+    status = 0 if running else 1
+    monkeypatch.setattr(engine, "run", lambda cmd, timeout=None: subprocess.CompletedProcess(cmd, status, "", ""))
+
+
+def test_engine_readiness_waits_for_a_running_dockerd(monkeypatch) -> None:
+    dockerd_running(monkeypatch, True)
+    engine.start_engine(Engine(answers_from=1), timeout_s=5)  # answers: nothing to do
+    slow = Engine(answers_from=3)
+    engine.start_engine(slow, timeout_s=30)
+    assert slow.asked == 3
+    with pytest.raises(BuildError, match="dockerd did not answer within 1 s"):
+        engine.start_engine(Engine(answers_from=None), timeout_s=1)
+
+
+def test_engine_not_running_without_root_names_the_fix(monkeypatch) -> None:
+    dockerd_running(monkeypatch, False)
+    monkeypatch.setattr(engine, "is_root", lambda: False)
+    with pytest.raises(BuildError, match="the Docker engine is not running; start it"):
+        engine.start_engine(Engine(answers_from=None), timeout_s=1)
