@@ -23,8 +23,13 @@ Rank 0 prints the N x N tables (rows: sender, columns: receiver, names: host nam
 verdict, by the outlier rule of app/diagnostics/outliers.py over all links' bandwidth: a link is
 slow when its bandwidth is below median / s^k, with s = max(exp(1.4826 x MAD of ln bandwidth),
 1.25) (median: the geometric one; MAD: median absolute deviation; --k, default 3): with k = 3
-about half the median, or lower where the links are noisy. A node is named when all its links in
-one direction are slow (it sends or receives slowly); a link is named when it is slow and no named
+about half the median, or lower where the links are noisy. A node is named when its links in one
+direction are slow as a group (it sends or receives slowly): their geometric mean is below the
+median of the links that do not touch it / s^(k / sqrt(m)), m its links in that direction (a mean
+of m links has 1/sqrt(m) of one link's noise), and each of them below that median / s^(k/2): with 3
+nodes below 0.62 of the others, with 4 below 0.68 (each link below 0.72), so a node at half speed
+is named in every run where its single links straddle the one-link threshold (median and s here
+are those of the links that do not touch the node). A link is named when it is slow and no named
 node explains it. The rule needs 3 or more nodes (with 2 only --fail-below judges) and holds while
 fewer than half the links are slow; with 3 nodes one noisy link besides a slow node can hide it, so
 use 4 or more where you can.
@@ -161,8 +166,9 @@ def judge(matrix: list[list[float | None]], k: float) -> Verdict:
     slow = {link for link, v in links.items() if rule.is_slow(v)}
     nodes = []
     for node in range(n):
-        sends = all((node, j) in slow for j in range(n) if j != node)
-        receives = all((j, node) in slow for j in range(n) if j != node)
+        others = [v for (a, b), v in links.items() if node not in (a, b)]
+        sends = outliers.slow_as_a_group([v for (a, _), v in links.items() if a == node], others, k)
+        receives = outliers.slow_as_a_group([v for (_, b), v in links.items() if b == node], others, k)
         if sends or receives:
             nodes.append((node, "both" if sends and receives else "send" if sends else "receive"))
     named = dict(nodes)
@@ -338,9 +344,9 @@ def format_verdict(report: dict) -> list[str]:
 
 def _direction(direction: str) -> str:
     return {
-        "send": "sends slowly: every link from it is slow",
-        "receive": "receives slowly: every link to it is slow",
-    }.get(direction, "every link from and to it is slow")
+        "send": "sends slowly: its links from it are slow together",
+        "receive": "receives slowly: its links to it are slow together",
+    }.get(direction, "its links from and to it are slow together")
 
 
 def format_report(report: dict) -> str:

@@ -56,6 +56,22 @@ def judge_values(values: list[float], k: float, judged: bool = True) -> Rule:
     return Rule(math.exp(center), mad_log, spread, math.exp(center) / spread**k)
 
 
+def slow_as_a_group(group: list[float], others: list[float], k: float) -> bool:
+    """Whether ``group`` (one part's figures: a node's links in one direction) is slow as a whole against
+    ``others`` (the figures that do not involve the part): its geometric mean below the others' median /
+    s^(k / sqrt(len(group))), and each of its figures below median / s^(k / 2), with the others' median and s.
+    The mean of m figures has 1/sqrt(m) of one figure's noise, so a part at half speed is told apart in every
+    run, where its single figures straddle the one-figure threshold; s from the others alone keeps the slow
+    part's own figures from widening the rule (with 3 nodes they are a third of all links); the second
+    condition keeps one very slow figure from condemning its whole group."""
+    if not group or not others:
+        return False
+    rule = judge_values(others, k)
+    mean = math.exp(statistics.fmean(math.log(max(v, 1e-12)) for v in group))
+    every = all(v < rule.median / rule.spread ** (k / 2) for v in group)
+    return every and mean < rule.median / rule.spread ** (k / math.sqrt(len(group)))
+
+
 def formula(rule: Rule, k: float, unit: str) -> str:
     """The rule with its figures, in one line: ``median / s^k = ... ; s = ...``."""
     return (

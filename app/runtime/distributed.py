@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
+from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
@@ -73,6 +74,11 @@ def this_process(cfg: DistConfig) -> ProcessInfo:
     The one way a command describes its process (``launcher.detect`` with what ``cfg`` implies).
     """
     return launcher.detect(need_master=cfg.init_method is None)
+
+
+def record_collectives(folder: Path) -> Path:
+    """Torch's flight recorder on, before the group starts; its dumps' prefix (launcher.record_collectives)."""
+    return launcher.record_collectives(folder)
 
 
 def rendezvous_store(proc: ProcessInfo, timeout: timedelta) -> dist.Store:

@@ -1,6 +1,7 @@
 """``python -m app train``: flags -> TrainConfig -> process group -> Trainer -> summary."""
 
 import argparse
+import json
 from collections.abc import Callable
 
 import torch.distributed as dist
@@ -12,9 +13,10 @@ from app.runtime.distributed import (
     DistConfig,
     DistContext,
     process_group,
+    record_collectives,
     this_process,
 )
-from app.train import checkpoint, data, models, watch
+from app.train import checkpoint, data, flight, models, watch
 from app.train.config import SECTIONS, TrainConfig
 from app.train.report import Reporter
 from app.train.sync import main_decides
@@ -60,6 +62,25 @@ def _resume_state(cfg: TrainConfig, identity: dict) -> tuple[tuple[dict, str] | 
     return (state, str(path)), reached
 
 
+def _earlier_summary(cfg: TrainConfig) -> dict | None:
+    """summary.json of the run that finished in --out (None: none, or unreadable)."""
+    try:
+        return json.loads((cfg.output.out / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _nothing_left_line(cfg: TrainConfig, trainer: Trainer, earlier: dict) -> str:
+    """A finished job run again: one line, and its earlier summary stays as it was."""
+    o = cfg.steps
+    limit = f"--max-steps {o.max_steps}" if o.max_steps and trainer.pos.step >= o.max_steps else f"{o.epochs} epochs"
+    return (
+        f"train: nothing left to do: {cfg.output.out} finished at step {trainer.pos.step} ({limit}; "
+        f"test accuracy {earlier.get('test_accuracy', float('nan')):.4f}); its summary.json is kept: give more "
+        "--epochs or --max-steps to train on, or another --out to start afresh"
+    )
+
+
 def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], None] | None = None) -> dict:
     """Join the group, train, and return the summary (the same on every rank).
 
@@ -68,6 +89,7 @@ def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], N
     """
     proc = this_process(dist_cfg)
     doctor.preflight(proc, dist_cfg)  # a bad rendezvous: one line now, not a hang later
+    dumps = record_collectives(cfg.output.out / "flight")  # torch's flight recorder, before the group
     with process_group(proc, dist_cfg) as ctx, Reporter.of(cfg.output, ctx.proc.is_main) as reporter:
         trainer = Trainer(cfg, ctx, prepare_data(cfg, ctx), reporter, step_hooks=[reporter.after_step])
         trainer.progress = progress.Recorder(cfg.output.out) if ctx.proc.is_main else None
@@ -77,13 +99,22 @@ def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], N
         if resume is not None:
             trainer.restore(*resume)
         trainer.note_previous_attempt(reached)
+        if trainer.finished and (earlier := main_decides(lambda: _earlier_summary(cfg), ctx.proc.is_main)):
+            if ctx.proc.is_main:
+                reporter.event("nothing_left", step=trainer.pos.step, resumed_from=trainer.resumed_from)
+                print(_nothing_left_line(cfg, trainer, earlier), flush=True)
+            return earlier
+        recorder = flight.Recorder(dumps, ctx.proc.rank, dist_cfg.timeout_s, trainer.watch.stage, ctx.backend != "nccl")
         try:
-            summary = trainer.fit()
+            with recorder:
+                summary = trainer.fit()
         except RuntimeError as error:  # a collective that timed out or lost a peer: name the ranks that stopped
             if not watch.collective_failed(error):
                 raise
             ctx.mark_broken(first_line(error))
-            raise ClusterError(trainer.watch.explain(error)) from error
+            recorder.dump(trainer.watch.stage()[0])  # this rank's side of the failed collective
+            found = flight.read(dumps, ctx.proc.world_size, trainer.watch.hosts)  # where the silent ranks were
+            raise ClusterError("; ".join(filter(None, [trainer.watch.explain(error), found]))) from error
         reporter.finish(summary)
         return summary
 

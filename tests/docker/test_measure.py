@@ -29,6 +29,7 @@ THROTTLE_IMAGE = "ddp-cluster-node:bookworm"  # has iproute2 (tc); `make ansible
 # 1 MiB transfers: 0.4 s at 20 Mbit/s, about 1 ms unthrottled; the best of 10 visits per link rides out
 # a busy machine's scheduling noise and keeps the run short.
 LINKS_ARGS = "LINKS_ARGS=--bytes 1M --iters 10 --fail-below 0.1"
+HALF_ARGS = "LINKS_ARGS=--bytes 16M --iters 3"  # 16 MiB transfers: tbf's 1 MB burst is a small part of each
 TBF = ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "20mbit", "burst", "32kbit", "latency", "400ms"]
 
 
@@ -91,6 +92,55 @@ def test_links_names_the_throttled_container_and_only_it(cluster, throttle_image
     assert {(s["src"], s["dst"]) for s in report["below_fail"]} == {(head, n) for n in workers}
     assert f"verdict: slow: node {head} (sends slowly" in throttled.stdout
     assert (cluster.results / "links" / "links.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _docker_events_of(project: str) -> list[str]:
+    """``docker events`` processes still watching ``project`` (cluster up must leave none behind)."""
+    found = run(["pgrep", "-af", f"docker events .*com.docker.compose.project={project} "], 30).stdout
+    return found.splitlines()
+
+
+def _throttled_links(cluster, rate_mbit: int) -> dict:
+    """One ``make cluster-links`` run with the head container's egress held to ``rate_mbit`` by tc tbf."""
+    cmd = ["make", "--no-print-directory", "BASE=local", f"IMAGE_NAME={IMAGE_NAME}", "cluster-links"]
+    cmd += [f"CLUSTER={cluster.project}", f"RESULTS={cluster.results}", "NODES=3", "NPROC_PER_NODE=1", HALF_ARGS]
+    job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        head = _running_head(cluster.project)
+        netns = ["--network", f"container:{head}", "--cap-add", "NET_ADMIN"]
+        tbf = ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", f"{rate_mbit}mbit", "burst", "1mb"]
+        tc = run(["docker", "run", "--rm", *netns, THROTTLE_IMAGE, *tbf, "latency", "400ms"], 120)
+        assert tc.returncode == 0, explain(tc)
+        out, err = job.communicate(timeout=600)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 0, explain(subprocess.CompletedProcess(cmd, job.returncode, out, err))
+    return cluster.json("links/links.json")
+
+
+@pytest.mark.timeout(1800)
+def test_a_node_at_half_speed_gets_the_same_verdict_every_run(cluster, throttle_image) -> None:
+    """The defect: the head at about half the median bandwidth gave three verdicts in three identical runs (the
+    node, one link, nothing). Three runs with its egress held to about half the clean median must all name it."""
+    clean = cluster.make("cluster-links", "NODES=3", "NPROC_PER_NODE=1", HALF_ARGS)
+    assert clean.returncode == 0, explain(clean)
+    median = cluster.json("links/links.json")["median_gbps"]
+    rate_mbit = max(int(median * 8000 * 0.42), 1)  # tbf's rate at 0.42 of the median gave 0.4-0.55 of it
+    verdicts, ratios = [], []
+    for _ in range(3):
+        report = _throttled_links(cluster, rate_mbit)
+        sends = report["bandwidth_gbps"][0][1]  # head -> worker-1
+        ratios.append(round(sends / report["median_gbps"], 2))
+        verdicts.append((report["slow_nodes"], report["slow_links"]))
+        print("bandwidth (GB/s):", report["bandwidth_gbps"])
+    print(f"links at half speed: clean median {median:.2f} GB/s, tbf {rate_mbit} mbit, head->worker-1 / median "
+          f"{ratios}, verdicts {verdicts}")  # fmt: skip
+    assert all(0.3 < r < 0.6 for r in ratios), ratios  # the head really ran at about half speed
+    head = report["nodes"][0]  # rank 0's node, the throttled one
+    assert verdicts == [([{"node": head, "direction": "send"}], [])] * 3, verdicts
+    assert _docker_events_of(cluster.project) == []  # cluster up left no watcher behind
 
 
 def test_comm_across_containers(cluster) -> None:
