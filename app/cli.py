@@ -83,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(rest)
     args.argv = rest  # the command's arguments as given (app bench passes them on to the ranks it starts)
     with logs.RunLog(name, logs.log_dir(args), verbose=args.verbose) as log:
+        args.log_file = log.path  # the one log of this command (app cluster writes its nodes' output there too)
         try:
             return _run(module, args, log)
         finally:

@@ -14,7 +14,11 @@ comes from its name, type and default, and its ``--help`` is the docstring writt
 Types: bool fields become ``--x/--no-x``; ``int``, ``float``, ``str`` and ``Path`` parse as such, and
 ``X | None`` defaults to None; anything else (a tuple, say) names its parser and how its default
 reads in the field's metadata: ``field(default=(1, 28, 28), metadata=flag(parse=parse_shape,
-show="1x28x28", metavar="CxHxW"))``. ``flag(hidden=True)`` keeps a field out of ``--help``.
+show="1x28x28", metavar="CxHxW"))``. ``flag(hidden=True)`` keeps a field out of ``--help``;
+``flag(option="--timeout")`` names a flag other than after its field; ``flag(choices=(...))`` lets
+argparse refuse any other value; ``flag(repeat=True)`` makes a tuple field a repeatable flag, each
+use parsed on its own (``--inject-fault A --inject-fault B``). A bool field with a ``parse`` takes a
+value (``--check 0``) instead of ``--x/--no-x``.
 Values are checked by the dataclass itself (``__post_init__``), so a bad one gets the same
 one-line message from the command line and from code; a ``parse`` function may raise ``UsageError``
 too, which argparse then reports as its own one-line error about that flag.
@@ -44,9 +48,13 @@ def flag(
     show: str | None = None,
     metavar: str | None = None,
     hidden: bool = False,
+    option: str | None = None,
+    choices: tuple | None = None,
+    repeat: bool = False,
 ) -> dict:
-    """Metadata for a field whose flag needs more than its type: a parser, how its default reads, a metavar."""
-    return {FLAG: {"parse": parse, "show": show, "metavar": metavar, "hidden": hidden}}
+    """Metadata for a field whose flag needs more than its type: a parser, how its default reads, a metavar..."""
+    settings = {"parse": parse, "show": show, "metavar": metavar, "hidden": hidden}
+    return {FLAG: settings | {"option": option, "choices": choices, "repeat": repeat}}
 
 
 @cache
@@ -63,8 +71,13 @@ def docstrings(cls: type) -> dict[str, str]:
 
 
 def option(name: str) -> str:
-    """The flag of a field: ``bucket_cap_mb`` -> ``--bucket-cap-mb``."""
+    """The flag of a field name: ``bucket_cap_mb`` -> ``--bucket-cap-mb``."""
     return "--" + name.replace("_", "-")
+
+
+def option_of(f: Field) -> str:
+    """The flag of a field: its own (``flag(option=...)``) or the one its name gives."""
+    return f.metadata.get(FLAG, {}).get("option") or option(f.name)
 
 
 def default_of(f: Field) -> Any:
@@ -86,8 +99,8 @@ def _base_type(annotation: Any) -> tuple[Any, bool]:
 
 def _metavar(f: Field, kind: Any) -> str:
     settings = f.metadata.get(FLAG, {})
-    if settings.get("metavar"):
-        return settings["metavar"]
+    if settings.get("metavar") or settings.get("choices"):
+        return settings.get("metavar")  # with choices and no metavar, argparse shows {a,b,c}
     return {int: "N", float: "X", Path: "PATH"}.get(kind, f.name.split("_")[-1].upper())
 
 
@@ -99,6 +112,8 @@ def shown(f: Field) -> str:
         return settings["show"]
     if isinstance(default, bool):
         return "on" if default else "off"
+    if isinstance(default, tuple):
+        return ",".join(map(str, default)) or "none"
     return "none" if default is None else f"{default:g}" if isinstance(default, float) else str(default)
 
 
@@ -140,23 +155,31 @@ def add_arguments(
         text = f"{helps.get(f.name, '')} (default: {shown(f)})".replace("%", "%%")  # argparse formats help
         text = argparse.SUPPRESS if settings.get("hidden") else text
         initial = argparse.SUPPRESS if overrides_only else default
-        if kind is bool:
+        if kind is bool and not settings.get("parse"):
             group.add_argument(
-                option(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=initial, help=text
+                option_of(f), dest=f.name, action=argparse.BooleanOptionalAction, default=initial, help=text
             )
             continue
         parse = (
             _checked(settings["parse"]) if settings.get("parse") else kind if kind in (int, float, str, Path) else str
         )
+        extra = {"action": "append", "default": argparse.SUPPRESS} if settings.get("repeat") else {"default": initial}
         group.add_argument(
-            option(f.name), dest=f.name, type=parse, default=initial, metavar=_metavar(f, kind), help=text
+            option_of(f),
+            dest=f.name,
+            type=parse,
+            choices=settings.get("choices"),
+            metavar=_metavar(f, kind),
+            help=text,
+            **extra,
         )
     return group
 
 
 def given(cls: type, args: argparse.Namespace) -> dict[str, Any]:
     """The fields of ``cls`` that the command line set (with ``add_arguments(..., overrides_only=True)``)."""
-    return {f.name: getattr(args, f.name) for f in fields(cls) if f.init and hasattr(args, f.name)}
+    found = {f.name: getattr(args, f.name) for f in fields(cls) if f.init and hasattr(args, f.name)}
+    return {name: tuple(v) if isinstance(v, list) else v for name, v in found.items()}  # a repeated flag
 
 
 def from_args(cls: type, args: argparse.Namespace, **values: Any) -> Any:

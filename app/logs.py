@@ -22,8 +22,11 @@ output lands in this log too and their own error line is repeated on the termina
 
 A log file is written under ``--log-dir`` (default: ``OUT/logs`` for commands with ``--out``, else
 ``./logs``), one per rank: ``<command>-rank<R>.log`` under a launcher, ``<command>.log`` without.
-Runs append. A run that leaves nothing in its log removes the file again (and the folder, when it
-made it), so a quiet success leaves no clutter.
+Runs append, and a log holds every run's lines until the user removes it: a run that leaves
+nothing in a log it created removes the file again (and the folder, when it made it), so a quiet
+success leaves no clutter, but a log that held an earlier run's lines (the traceback of the failure
+before a clean ``--resume auto`` run, say) is never removed. Other processes may append to the
+same file (``app cluster`` writes every node's output into its own log).
 """
 
 import argparse
@@ -120,13 +123,15 @@ class RunLog:
         written = self._written()
         with contextlib.suppress(OSError):  # a full disk: what could not be written is lost, nothing else
             self._file.close()
-        if not written:
+        if not written and self._start == 0:  # a log that held earlier runs' lines is kept
             self._remove()
 
     def _written(self) -> bool:
-        """Whether this run wrote to the log (True when the disk refuses even to say: keep the file)."""
+        """Whether the log grew during this run, by this process or another (True when the disk refuses even to
+        say: keep the file)."""
         try:
-            return self._file.tell() > self._start
+            self._file.flush()
+            return os.fstat(self._file.fileno()).st_size > self._start
         except OSError:
             return True
 

@@ -31,6 +31,8 @@ SCRIPT ?=
 ARGS ?=
 # The app command of `make cluster-mpi`.
 MPI_JOB ?= check
+# Extra flags of `make cluster-check`, e.g. CHECK_ARGS='--device-seconds 4 --fail-below 0.5'.
+CHECK_ARGS ?=
 RESULTS ?= build/results
 
 # The host side of the images needs no torch and no dev tools: the builder is stdlib Python, and
@@ -94,7 +96,7 @@ cluster-up: cluster-spec image-$(IMAGE_TAG) ## Start NODES x NPROC_PER_NODE cont
 
 .PHONY: cluster-check
 cluster-check: cluster-spec image-$(IMAGE_TAG) ## Run `app check` across the cluster containers (torchrun, gloo).
-	@$(call CLUSTER_RUN,up) --command 'check --json /results/check.json'
+	@$(call CLUSTER_RUN,up) --command 'check --json /results/check.json $(CHECK_ARGS)'
 
 .PHONY: cluster-mpi
 cluster-mpi: cluster-spec image-$(IMAGE_TAG) ## Run `app check` (or MPI_JOB/SCRIPT) with mpirun over SSH (compose profile mpi).

@@ -11,6 +11,28 @@ Each rank writes its own value into its own slot, so a wrong slot names the rank
 point-to-point from rank 0 to every rank and around a ring, broadcast, all_reduce (SUM, MAX),
 all_gather, reduce_scatter and barrier. Rank 0 prints a table (or --json) and the exit status is
 non-zero naming the failing operation and rank. A collective that hangs fails after --timeout.
+
+Device health (app/diagnostics/health.py): first, every rank measures its own device at once for
+--device-seconds: n x n matrix products (bf16 on a GPU, fp32 on a CPU) and a memory copy. The
+rank table shows TFLOP/s (GFLOP/s on CPU) and copy GB/s beside each device's name and memory; the
+outlier rule of app links (below median / s^k, --k) names a slow rank with 3 or more ranks, as
+``slow: rank 3 on node1 (cuda:1): 212.0 TFLOP/s against a median of 690.0``; --fail-below
+FRACTION makes a rank below FRACTION x the median fail the check (exit status 1).
+
+JSON (--json PATH, '-' for stdout; rank 0 writes it; keys are stable, new keys may be added):
+  ok, complete        every operation verified (and no device below --fail-below); every rank reported
+  world_size, nodes, backend, launcher, numel
+  ranks               per rank: "rank", "local_rank", "node_rank", "host", "device", "backend",
+                      "interface", "device_name" (the GPU's, or cpu), "device_memory_bytes",
+                      "matmul_flops" (FLOP/s), "copy_gbps" (null with --device-seconds 0)
+  device_health       null with --device-seconds 0, else: "dtype", "matmul_size" (n), "copy_bytes",
+                      "k", "fail_below", "median_flops", "median_copy_gbps" (geometric medians),
+                      "threshold_flops", "threshold_copy_gbps" (median / s^k; null below 3 ranks),
+                      "slow" and "below_fail": [{"rank", "host", "device", "metric" ("flops" or
+                      "copy_gbps"), "value", "median"}]
+  rendezvous          the doctor's checks, merged over ranks: [{"check", "status", "detail"}]
+  operations          per operation: "name", "ok", "ran", "time_ms" (slowest rank), "failed_ranks", "detail"
+  failures            [{"operation", "ranks", "detail"}]: failed operations, and "device_health"
 """
 
 import argparse
@@ -23,28 +45,52 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.distributed as dist
 
+from app import flags
 from app.atomic import atomic_write_text
-from app.diagnostics import doctor
+from app.diagnostics import doctor, health, outliers
 from app.errors import ClusterError, UsageError, first_line
-from app.runtime import launcher
-from app.runtime.distributed import DistContext, add_dist_arguments, dist_config_from_args, process_group
+from app.flags import flag
+from app.runtime import devices
+from app.runtime.distributed import DistConfig, DistContext, process_group, this_process
 
 FAULT_OFFSET = 1000.0
 """Added by --inject-fault to the value a rank sends, so the check must catch it."""
 
 
+def parse_fault(text: str) -> tuple[str, int]:
+    """``all_reduce_sum@1`` -> ("all_reduce_sum", 1)."""
+    op, sep, rank = text.partition("@")
+    if not sep or not rank.isdigit():
+        raise UsageError(f"--inject-fault {text!r} must look like all_reduce_sum@1")
+    return op, int(rank)
+
+
 @dataclass(frozen=True)
 class CheckConfig:
-    """What the check sends."""
+    """Check: what it sends, where it reports."""
 
     numel: int = 4096
     """Elements per rank in each collective."""
-    faults: tuple[tuple[str, int], ...] = ()
-    """(operation, rank) pairs: that rank sends a wrong value in that operation (to test the check)."""
+    faults: tuple[tuple[str, int], ...] = field(
+        default=(), metadata=flag(parse=parse_fault, option="--inject-fault", metavar="OP@RANK", repeat=True)
+    )
+    """Make RANK send a wrong value in OP, to prove the check catches it (repeatable)."""
+    json: str | None = field(default=None, metadata=flag(metavar="PATH"))
+    """Also write the report as JSON to PATH ('-' for stdout)."""
+    device_seconds: float = field(default=2.0, metadata=flag(metavar="S"))
+    """Seconds each rank spends measuring its device (matrix product, then copy), all at once; 0 skips it."""
+    k: float = outliers.DEFAULT_K
+    """A rank's device is slow below median / s^k over the ranks (the outlier rule of app links)."""
+    fail_below: float | None = field(default=None, metadata=flag(metavar="FRACTION"))
+    """Exit status 1 when a rank's FLOP/s or copy GB/s is below FRACTION x the median."""
 
     def __post_init__(self) -> None:
         if self.numel < 1:
             raise UsageError(f"--numel {self.numel} must be >= 1")
+        if self.device_seconds < 0:
+            raise UsageError(f"--device-seconds {self.device_seconds:g} must be >= 0 (0 skips the device health)")
+        outliers.check_k(self.k)
+        outliers.check_fraction(self.fail_below)
         for op, _ in self.faults:
             if op not in VALUE_OPERATIONS:
                 raise UsageError(f"--inject-fault {op!r}: the operation must be one of {', '.join(VALUE_OPERATIONS)}")
@@ -217,6 +263,7 @@ def merge(per_rank: list[list[OpResult]]) -> list[OpResult]:
 
 def _rank_info(ctx: DistContext) -> dict:
     p = ctx.proc
+    name, memory = devices.describe(ctx.device)
     return {
         "rank": p.rank,
         "local_rank": p.local_rank,
@@ -224,7 +271,17 @@ def _rank_info(ctx: DistContext) -> dict:
         "host": p.host,
         "device": str(ctx.device),
         "backend": ctx.backend,
+        "device_name": name,
+        "device_memory_bytes": memory,
     }
+
+
+def _device_health(ctx: DistContext, cfg: CheckConfig) -> dict | None:
+    """This rank's device figures, measured while every other rank measures its own (None: skipped)."""
+    if cfg.device_seconds <= 0:
+        return None
+    dist.barrier()
+    return asdict(health.measure(ctx.device, cfg.device_seconds))
 
 
 def _gather(ctx: DistContext, local: dict) -> list[dict] | None:
@@ -246,7 +303,8 @@ def build_report(ctx: DistContext, cfg: CheckConfig, diagnosis: doctor.Diagnosis
     """
     found = doctor.view(diagnosis, ctx.proc) if diagnosis else None
     interface = diagnosis.ifname if diagnosis else ctx.proc.ifname
-    local = {**_rank_info(ctx), "interface": interface, "doctor": found, "operations": run_operations(ctx, cfg)}
+    local = {**_rank_info(ctx), "interface": interface, "doctor": found, "health": _device_health(ctx, cfg)}
+    local["operations"] = run_operations(ctx, cfg)
     gathered = _gather(ctx, local)
     if gathered is None:
         ctx.mark_broken("the check could not gather every rank's report")
@@ -257,7 +315,9 @@ def build_report(ctx: DistContext, cfg: CheckConfig, diagnosis: doctor.Diagnosis
         for op in operations
         if not op.ok and op.ran
     ]
-    return {
+    measured = all(r["health"] for r in reports)
+    device_health = health.section(reports, cfg.k, cfg.fail_below) if measured else None
+    report = {
         "ok": not failures and gathered is not None,
         "complete": gathered is not None,
         "world_size": ctx.proc.world_size,
@@ -265,11 +325,23 @@ def build_report(ctx: DistContext, cfg: CheckConfig, diagnosis: doctor.Diagnosis
         "backend": ctx.backend,
         "launcher": ctx.proc.launcher.value,
         "numel": cfg.numel,
-        "ranks": [{k: v for k, v in r.items() if k not in ("operations", "doctor")} for r in reports],
+        "ranks": [_rank_row(r) for r in reports],
+        "device_health": device_health,
         "rendezvous": [asdict(f) for f in doctor.merge([r["doctor"] for r in reports])] if found else [],
         "operations": [asdict(op) for op in operations],
         "failures": failures,
     }
+    if device_health:
+        report["failures"] += health.failures(report)
+        report["ok"] = report["ok"] and not device_health["below_fail"]
+    return report
+
+
+def _rank_row(report: dict) -> dict:
+    """One rank's row of the report: who it is, its device and the device's figures."""
+    row = {k: v for k, v in report.items() if k not in ("operations", "doctor", "health")}
+    figures = report["health"] or {}
+    return row | {"matmul_flops": figures.get("flops"), "copy_gbps": figures.get("copy_gbps")}
 
 
 def format_table(report: dict) -> str:
@@ -278,15 +350,12 @@ def format_table(report: dict) -> str:
         f"ddp-cluster check: {report['world_size']} ranks on {report['nodes']} host(s), "
         f"backend {report['backend']}, launcher {report['launcher']}",
         "",
-        f"{'rank':>4}  {'node':>4}  {'local':>5}  {'host':<24}  {'device':<8}  {'backend':<7}  interface",
-    ]
-    lines += [
-        f"{r['rank']:>4}  {r['node_rank']:>4}  {r['local_rank']:>5}  {r['host']:<24}  {r['device']:<8}  "
-        f"{r['backend']:<7}  {r.get('interface') or '-'}"
-        for r in report["ranks"]
+        *_rank_rows(report),
     ]
     if not report["complete"]:
         lines.append("(only rank 0's view: the other ranks could not report)")
+    if report["device_health"]:
+        lines += ["", *health.format_lines(report)]
     if report["rendezvous"]:
         lines += ["", *doctor.format_rows(report["rendezvous"])]
     lines += ["", f"{'operation':<20}  {'result':<7}  {'max ms':>8}  detail"]
@@ -295,6 +364,28 @@ def format_table(report: dict) -> str:
     ]
     lines += ["", f"result: {'ok' if report['ok'] else 'FAILED: ' + summary(report)}"]
     return "\n".join(lines)
+
+
+def _rank_rows(report: dict) -> list[str]:
+    """The rank table: who each rank is, its device (name, memory) and the device's figures."""
+    gpu = report["ranks"][0]["device"].startswith("cuda")
+    flops_unit, scale = ("TFLOP/s", 1e12) if gpu else ("GFLOP/s", 1e9)
+    name_width = max(8, *(len(r["device_name"]) for r in report["ranks"]))
+    host_width = max(16, *(len(r["host"]) for r in report["ranks"]))
+    lines = [
+        f"{'rank':>4}  {'node':>4}  {'local':>5}  {'host':<{host_width}}  {'device':<8}  {'backend':<7}  "
+        f"{'interface':<9}  {'name':<{name_width}}  {'memory':>9}  {flops_unit:>8}  {'copy GB/s':>9}"
+    ]
+    for r in report["ranks"]:
+        flops = f"{r['matmul_flops'] / scale:.1f}" if r["matmul_flops"] is not None else "-"
+        copy = f"{r['copy_gbps']:.1f}" if r["copy_gbps"] is not None else "-"
+        memory = f"{r['device_memory_bytes'] / (1 << 30):.1f} GiB"
+        lines.append(
+            f"{r['rank']:>4}  {r['node_rank']:>4}  {r['local_rank']:>5}  {r['host']:<{host_width}}  {r['device']:<8}  "
+            f"{r['backend']:<7}  {r.get('interface') or '-':<9}  {r['device_name']:<{name_width}}  {memory:>9}  "
+            f"{flops:>8}  {copy:>9}"
+        )
+    return lines
 
 
 def _status(op: dict) -> str:
@@ -312,41 +403,25 @@ def summary(report: dict) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m app check``."""
-    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH ('-' for stdout)")
-    parser.add_argument("--numel", type=int, default=4096, help="elements per rank in each collective (default 4096)")
-    parser.add_argument(
-        "--inject-fault",
-        metavar="OP@RANK",
-        action="append",
-        default=[],
-        help="make RANK send a wrong value in OP, to prove the check catches it (repeatable)",
-    )
-    add_dist_arguments(parser)
-
-
-def _parse_fault(text: str) -> tuple[str, int]:
-    op, sep, rank = text.partition("@")
-    if not sep or not rank.isdigit():
-        raise UsageError(f"--inject-fault {text!r} must look like all_reduce_sum@1")
-    return op, int(rank)
+    flags.add_arguments(parser, CheckConfig)
+    flags.add_arguments(parser, DistConfig)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the check on this rank; rank 0 reports. Exit 0 only when every operation verified."""
-    cfg = CheckConfig(numel=args.numel, faults=tuple(map(_parse_fault, args.inject_fault)))
-    dist_cfg = dist_config_from_args(args)
-    proc = launcher.detect(need_master=dist_cfg.init_method is None)
+    cfg, dist_cfg = flags.from_args(CheckConfig, args), flags.from_args(DistConfig, args)
+    proc = this_process(dist_cfg)
     diagnosis = doctor.preflight(proc, dist_cfg, announce=False)
     with process_group(proc, dist_cfg) as ctx:
         report = build_report(ctx, cfg, diagnosis)
     if proc.is_main:
-        if args.json == "-":
+        if cfg.json == "-":
             json.dump(report, sys.stdout, indent=2)
             print()
         else:
             print(format_table(report), flush=True)
-            if args.json:
-                atomic_write_text(args.json, json.dumps(report, indent=2) + "\n")
+            if cfg.json:
+                atomic_write_text(cfg.json, json.dumps(report, indent=2) + "\n")
         if not report["ok"]:
             raise ClusterError(f"check failed: {summary(report)}")
     return 0 if report["ok"] else 1

@@ -95,6 +95,15 @@ def parse_size(text: str, flag: str) -> int:
     return int(match.group(1)) * _UNITS[match.group(2).lower()]
 
 
+def size_parser(flag: str) -> Callable[[str], int]:
+    """``parse_size`` for one flag, as ``app.flags`` takes it: ``flag(parse=size_parser("--bytes"))``."""
+
+    def size(text: str) -> int:
+        return parse_size(text, flag)
+
+    return size
+
+
 def format_size(nbytes: int) -> str:
     """'64 MiB', '512 KiB', '8 B': the largest binary unit that divides the size."""
     for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):

@@ -1,6 +1,6 @@
 """Collective bandwidth sweep, in the columns nccl-tests users know, for gloo and NCCL, any launcher.
 
-    python -m app comm                                        # one process (no traffic: a smoke test)
+    python -m app comm                                        # one process: says nothing crosses a link
     torchrun --standalone --nproc-per-node 4 -m app comm      # one node, 4 ranks
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node0:29500 \\
         -m app comm --json comm.json --plot comm.png
@@ -61,56 +61,84 @@ JSON (--json PATH; rank 0 writes it; keys are stable, new keys may be added):
   baseline              null, or {"op": "all_reduce", "size_bytes", "time_us", "busbw_gbps",
                         "harness_busbw_gbps", "harness_ratio"} with --baseline
   failures              one string per collective with wrong values (the error line's parts)
+  note                  null, or on one rank the line that says nothing crosses a link (results
+                        and summary are then empty)
 """
 
 import argparse
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from app import plots
+from app import flags, plots
 from app.atomic import atomic_write_text
-from app.diagnostics import collectives
-from app.diagnostics.collectives import COLLECTIVES, DTYPES, OPS, bandwidths, format_size, parse_size, synchronize
+from app.diagnostics import collectives, health
+from app.diagnostics.collectives import COLLECTIVES, DTYPES, OPS, bandwidths, format_size, size_parser, synchronize
 from app.errors import ClusterError, UsageError, first_line
-from app.runtime import launcher
-from app.runtime.distributed import DistContext, add_dist_arguments, dist_config_from_args, process_group
+from app.flags import flag
+from app.runtime.distributed import DistConfig, DistContext, process_group, this_process
 
 SCHEMA = "ddp-cluster/comm/1"
 MIB = 1 << 20
 MEMCPY_BYTES = 64 * MIB
 """Size of the copy that measures the memory-copy ceiling."""
-MEMCPY_REPEATS = 10
+MEMCPY_SECONDS = 0.5
+"""Time spent measuring it (app.diagnostics.health.memcpy_gbps: the median of samples)."""
 
 RANK_TIMES = ("mean", "max")
+ONE_RANK = (
+    "1 rank: nothing crosses a link, so there is no bus bandwidth to measure (no sweep, no --plot); "
+    "start 2 or more ranks, e.g. torchrun --standalone --nproc-per-node 2 -m app comm"
+)
+"""What app comm says on one rank instead of a sweep."""
+
+
+def parse_ops(text: str) -> tuple[str, ...]:
+    """``all_reduce,broadcast`` -> ("all_reduce", "broadcast"); CommConfig checks the names."""
+    return tuple(op.strip() for op in text.split(",") if op.strip())
+
+
+def parse_switch(text: str) -> bool:
+    """``1`` -> True, ``0`` -> False (nccl-tests' -c 0/1)."""
+    if text not in ("0", "1"):
+        raise UsageError(f"invalid choice: {text!r} (choose from 0, 1)")
+    return text == "1"
 
 
 @dataclass(frozen=True)
 class CommConfig:
-    """What the sweep measures."""
+    """Sweep: what it measures, where it reports."""
 
-    ops: tuple[str, ...] = OPS
-    """Collectives to run, from OPS (run in OPS order)."""
-    min_bytes: int = 8
-    """Smallest size in bytes."""
-    max_bytes: int = 64 * MIB
-    """Largest size in bytes."""
-    step_factor: int = 2
-    """Each size is the previous one times this."""
+    ops: tuple[str, ...] = field(default=OPS, metadata=flag(parse=parse_ops, metavar="OPS"))
+    """Comma-separated collectives, run in this default's order."""
+    min_bytes: int = field(default=8, metadata=flag(parse=size_parser("--min-bytes"), show="8 B", metavar="SIZE"))
+    """Smallest size, e.g. 8, 1K."""
+    max_bytes: int = field(
+        default=64 * MIB, metadata=flag(parse=size_parser("--max-bytes"), show="64 MiB", metavar="SIZE")
+    )
+    """Largest size, e.g. 64M, 1G."""
+    step_factor: int = field(default=2, metadata=flag(metavar="F"))
+    """Multiply the size by F at each step."""
     dtype: str = "float32"
-    """Element type, a key of DTYPES."""
+    """Element type: float32, bf16, fp16 or fp8."""
     warmup: int = 2
     """Untimed calls before the timed ones, at every size."""
     iters: int = 10
     """Timed calls at every size; the time is their mean."""
-    check: bool = True
-    """Verify every output element (nccl-tests -c 1)."""
-    rank_time: str = "mean"
-    """How the per-rank times combine: mean over ranks, or the slowest rank's (max)."""
+    check: bool = field(default=True, metadata=flag(parse=parse_switch, show="1", metavar="{0,1}"))
+    """1: verify every element (#wrong, nccl-tests -c 1), 0: skip it for speed."""
+    rank_time: str = field(default="mean", metadata=flag(choices=RANK_TIMES))
+    """Combine the ranks' times: mean (nccl-tests -a 1) or max, the slowest rank."""
+    baseline: bool = False
+    """Also time a bare torch.distributed.all_reduce loop at the largest size (harness cost)."""
+    json: str | None = field(default=None, metadata=flag(metavar="PATH"))
+    """Also write the report as JSON (keys: see below)."""
+    plot: str | None = field(default=None, metadata=flag(metavar="PATH.png"))
+    """Also draw busbw against size per collective (PNG)."""
 
     def __post_init__(self) -> None:
         unknown = [op for op in self.ops if op not in COLLECTIVES]
@@ -128,9 +156,6 @@ class CommConfig:
             raise UsageError(f"--warmup {self.warmup} must be >= 0 and --iters {self.iters} >= 1")
         if self.rank_time not in RANK_TIMES:
             raise UsageError(f"--rank-time {self.rank_time!r} is not one of {', '.join(RANK_TIMES)}")
-
-
-DEFAULTS = CommConfig()
 
 
 def sweep_sizes(cfg: CommConfig) -> list[int]:
@@ -167,20 +192,6 @@ def bare_all_reduce_seconds(numel: int, iters: int, warmup: int, device: torch.d
         dist.all_reduce(tensor)
     synchronize(device)
     return (time.perf_counter() - start) / iters
-
-
-def memcpy_gbps(device: torch.device, nbytes: int = MEMCPY_BYTES, repeats: int = MEMCPY_REPEATS) -> float:
-    """Bytes copied per second (GB/s) by a torch copy of ``nbytes`` on ``device``."""
-    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    for _ in range(2):
-        dst.copy_(src)
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        dst.copy_(src)
-    synchronize(device)
-    return nbytes * repeats / (time.perf_counter() - start) / 1e9
 
 
 class _Sweep:
@@ -294,7 +305,7 @@ def _hosts(ctx: DistContext) -> list[str]:
 
 def _ceiling(ctx: DistContext) -> dict:
     """Rank 0's memory-copy bandwidth, measured while the other ranks wait."""
-    gbps = memcpy_gbps(ctx.device) if ctx.proc.is_main else 0.0
+    gbps = health.memcpy_gbps(ctx.device, MEMCPY_BYTES, MEMCPY_SECONDS) if ctx.proc.is_main else 0.0
     dist.barrier()
     return {"host": ctx.proc.host, "device": str(ctx.device), "bytes": MEMCPY_BYTES, "gbps": gbps}
 
@@ -354,7 +365,7 @@ def _ranks(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks))
 
 
-def build_report(ctx: DistContext, cfg: CommConfig, printer: Callable[[str], None], baseline: bool) -> dict:
+def build_report(ctx: DistContext, cfg: CommConfig, printer: Callable[[str], None]) -> dict:
     """Run the sweep on this rank; rank 0's return value is the whole report."""
     hosts = _hosts(ctx)
     sweep = _Sweep(ctx, cfg, printer)
@@ -384,11 +395,14 @@ def build_report(ctx: DistContext, cfg: CommConfig, printer: Callable[[str], Non
         "memcpy": memcpy,
     }
     printer(format_preamble(report, sweep.ops()))
-    rows = sweep.run()
+    report["note"] = ONE_RANK if ctx.proc.world_size == 1 else None
+    if report["note"]:
+        printer(f"# {report['note']}")
+    rows = [] if report["note"] else sweep.run()
     _merge_senders(ctx, rows)
     report["results"] = rows
     report["summary"] = _summary(rows, memcpy["gbps"])
-    report["baseline"] = _baseline(ctx, cfg, sweep, rows) if baseline else None
+    report["baseline"] = _baseline(ctx, cfg, sweep, rows) if cfg.baseline else None
     report["failures"] = failures(rows)
     report["ok"] = not report["failures"]
     return report
@@ -429,12 +443,11 @@ def format_row(row: dict) -> str:
 def format_preamble(report: dict, ops: list[str]) -> str:
     """What runs where, and the ceiling."""
     m = report["memcpy"]
-    skipped = " (send_recv skipped: it needs 2 ranks)" if report["world_size"] == 1 else ""
     return "\n".join(
         [
             f"# ddp-cluster comm: {report['world_size']} rank(s) on {report['nodes']} host(s), backend "
             f"{report['backend']} on {report['device']}, launcher {report['launcher']}, dtype {report['dtype']}",
-            f"# ops {','.join(ops)}{skipped}; warmup {report['warmup']}, iters {report['iters']}, "
+            f"# ops {','.join(ops)}; warmup {report['warmup']}, iters {report['iters']}, "
             f"check {'on' if report['check'] else 'off'}, time: {report['rank_time']} over ranks",
             f"# memcpy ceiling: {m['gbps']:.2f} GB/s (torch copy of {format_size(m['bytes'])} on {m['device']}, "
             f"host {m['host']})",
@@ -489,87 +502,27 @@ def plot(path: str, report: dict) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m app comm``."""
-    d = DEFAULTS
-    parser.add_argument(
-        "--ops", default=",".join(d.ops), help=f"comma-separated collectives (default: {','.join(OPS)})"
-    )
-    parser.add_argument(
-        "--min-bytes",
-        default=str(d.min_bytes),
-        metavar="SIZE",
-        help=f"smallest size, e.g. 8, 1K (default {format_size(d.min_bytes)})",
-    )
-    parser.add_argument(
-        "--max-bytes",
-        default=format_size(d.max_bytes).replace(" ", ""),
-        metavar="SIZE",
-        help=f"largest size, e.g. 64M, 1G (default {format_size(d.max_bytes)})",
-    )
-    parser.add_argument(
-        "--step-factor",
-        type=int,
-        default=d.step_factor,
-        metavar="F",
-        help=f"multiply the size by F at each step (default {d.step_factor})",
-    )
-    parser.add_argument("--dtype", default=d.dtype, help=f"{', '.join(DTYPES)} (default {d.dtype})")
-    parser.add_argument("--warmup", type=int, default=d.warmup, help=f"untimed calls per size (default {d.warmup})")
-    parser.add_argument("--iters", type=int, default=d.iters, help=f"timed calls per size (default {d.iters})")
-    parser.add_argument(
-        "--check",
-        type=int,
-        choices=(0, 1),
-        default=int(d.check),
-        help="1: verify every element (#wrong), 0: skip it for speed (default 1)",
-    )
-    parser.add_argument(
-        "--rank-time",
-        default=d.rank_time,
-        choices=RANK_TIMES,
-        help="combine the ranks' times: mean (nccl-tests -a 1) or max, the slowest rank (default mean)",
-    )
-    parser.add_argument(
-        "--baseline",
-        action="store_true",
-        help="also time a bare torch.distributed.all_reduce loop at the largest size (harness cost)",
-    )
-    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON (keys: see below)")
-    parser.add_argument("--plot", metavar="PATH.png", help="also draw busbw against size per collective (PNG)")
-    add_dist_arguments(parser)
-
-
-def config_from_args(args: argparse.Namespace) -> CommConfig:
-    """The CommConfig that the flags describe (UsageError on a bad one)."""
-    return CommConfig(
-        ops=tuple(op.strip() for op in args.ops.split(",") if op.strip()),
-        min_bytes=parse_size(args.min_bytes, "--min-bytes"),
-        max_bytes=parse_size(args.max_bytes, "--max-bytes"),
-        step_factor=args.step_factor,
-        dtype=args.dtype,
-        warmup=args.warmup,
-        iters=args.iters,
-        check=bool(args.check),
-        rank_time=args.rank_time,
-    )
+    flags.add_arguments(parser, CommConfig)
+    flags.add_arguments(parser, DistConfig)
 
 
 def run(args: argparse.Namespace) -> int:
     """Sweep on this rank; rank 0 prints, writes --json/--plot, and fails on wrong values."""
-    cfg = config_from_args(args)
-    if args.plot:
-        plots.prepare(args.plot)
-    dist_cfg = dist_config_from_args(args)
-    proc = launcher.detect(need_master=dist_cfg.init_method is None)
+    cfg, dist_cfg = flags.from_args(CommConfig, args), flags.from_args(DistConfig, args)
+    if cfg.plot:
+        plots.prepare(cfg.plot)
+    proc = this_process(dist_cfg)
     printer = (lambda text: print(text, flush=True)) if proc.is_main else (lambda text: None)
     with process_group(proc, dist_cfg) as ctx:
-        report = build_report(ctx, cfg, printer, args.baseline)
+        report = build_report(ctx, cfg, printer)
     if not proc.is_main:
         return 0 if report["ok"] else 1
-    printer(format_summary(report))
-    if args.json:
-        atomic_write_text(args.json, json.dumps(report, indent=2) + "\n")
-    if args.plot:
-        plot(args.plot, report)
+    if report["results"]:
+        printer(format_summary(report))
+    if cfg.json:
+        atomic_write_text(cfg.json, json.dumps(report, indent=2) + "\n")
+    if cfg.plot and report["results"]:
+        plot(cfg.plot, report)
     if not report["ok"]:
         raise ClusterError(f"comm: wrong values: {'; '.join(report['failures'])}")
     return 0

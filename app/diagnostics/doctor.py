@@ -21,6 +21,9 @@ Every rank runs these checks; each is ok, failed or skipped (not applicable), wi
                   host's name: it must not be loopback (Debian's 127.0.1.1)
   port            rank 0 can bind MASTER_PORT, and MASTER_ADDR leads back to it; the others connect
                   to it, retrying until --timeout (under torchrun every rank connects to its agent's store)
+  gpus, shm,      the GPU side (app/diagnostics/gpus.py): visible GPUs against local ranks (--backend
+  cuda, nccl      nccl with too few: exit 2), /dev/shm size under nccl, the driver's CUDA version
+                  against torch's, the NCCL version
   same_master     (app doctor, app check) every rank resolved MASTER_ADDR to the same address
 
 ``app check`` and ``app train`` run the same checks before they start their process group
@@ -40,34 +43,27 @@ import contextlib
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
-from urllib.parse import urlparse
 
 import torch.distributed as dist
 
+from app import flags
 from app.atomic import atomic_write_text
+from app.diagnostics import gpus
+from app.diagnostics.findings import FAILED, OK, SKIPPED, Finding
 from app.errors import ClusterError, UsageError, first_line
-from app.runtime import launcher, network
-from app.runtime.distributed import DistConfig, add_dist_arguments, dist_config_from_args, rendezvous_store
+from app.flags import flag
+from app.runtime import devices, launcher, network
+from app.runtime.devices import NodeDevices
+from app.runtime.distributed import DistConfig, job_store, rendezvous_endpoint, this_process
 from app.runtime.launcher import ProcessInfo
 
 RESOLVE_TIMEOUT_S = 4.0
 """Longest wait for a name lookup: an unresolvable MASTER_ADDR fails in under 5 s."""
 SELF_REACH_TIMEOUT_S = 3.0
 """Longest wait for rank 0's own connection back to itself through MASTER_ADDR."""
-CHECKS = ("world", "master_address", "interface", "host_name", "port", "same_master")
-OK, FAILED, SKIPPED = "ok", "failed", "skipped"
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One check on one rank."""
-
-    check: str
-    status: str
-    """ok, failed or skipped (not applicable to this job)."""
-    detail: str
+CHECKS = ("world", "master_address", "interface", "host_name", "port", *gpus.CHECKS, "same_master")
 
 
 @dataclass(frozen=True)
@@ -104,16 +100,6 @@ class Diagnosis:
 
     def failure(self) -> Finding | None:
         return next((f for f in self.findings if f.status == FAILED), None)
-
-
-def endpoint(proc: ProcessInfo, cfg: DistConfig) -> tuple[str, int] | None:
-    """The rendezvous host and port, or None (one process, or a file:// rendezvous)."""
-    if proc.world_size == 1 or (cfg.init_method or "").startswith("file://"):
-        return None
-    if (cfg.init_method or "").startswith("tcp://"):
-        url = urlparse(cfg.init_method)
-        return url.hostname or "", url.port or proc.master_port
-    return proc.master_addr or "", proc.master_port
 
 
 def check_world(diag: Diagnosis, proc: ProcessInfo) -> None:
@@ -289,25 +275,38 @@ def _serve(diag: Diagnosis, proc: ProcessInfo, host: str, port: int) -> None:
         )
 
 
-def diagnose(proc: ProcessInfo, cfg: DistConfig, net: Network | None = None) -> Diagnosis:
-    """Run every check of this rank, in bounded time (a missing named interface raises UsageError)."""
+def diagnose(
+    proc: ProcessInfo, cfg: DistConfig, net: Network | None = None, found: NodeDevices | None = None
+) -> Diagnosis:
+    """Run every check of this rank, in bounded time (a missing named interface raises UsageError).
+
+    found: this node's GPU facts (probed here when not given; tests give their own).
+    """
     net = net or Network()
     diag = Diagnosis(proc.rank, proc.host)
-    where = endpoint(proc, cfg)
+    where = rendezvous_endpoint(proc, cfg)
     check_world(diag, proc)
     check_master_address(diag, proc, where, net)
     check_interface(diag, proc, cfg, net)
     check_host_name(diag, proc, net)
     check_port(diag, proc, where, cfg.timeout_s)
+    diag.findings += gpus.diagnose(proc, cfg.backend, found or devices.probe())
     return diag
 
 
-def preflight(proc: ProcessInfo, cfg: DistConfig, *, announce: bool = True, net: Network | None = None) -> Diagnosis:
+def preflight(
+    proc: ProcessInfo,
+    cfg: DistConfig,
+    *,
+    announce: bool = True,
+    net: Network | None = None,
+    found: NodeDevices | None = None,
+) -> Diagnosis:
     """Diagnose before the process group starts; export a chosen interface; a failed check raises ClusterError.
 
     announce: rank 0 prints the interface it chose (one line), when it chose one.
     """
-    diag = diagnose(proc, cfg, net)
+    diag = diagnose(proc, cfg, net, found)
     failed = diag.failure()
     if failed is not None:
         raise ClusterError(failed.detail)
@@ -368,11 +367,7 @@ def merge(views: list[dict]) -> list[Finding]:
 def gather(proc: ProcessInfo, cfg: DistConfig, mine: dict) -> list[dict] | None:
     """Every rank's view on rank 0 (None elsewhere), through the rendezvous store; missing ranks are left out."""
     timeout = timedelta(seconds=cfg.timeout_s)
-    if (cfg.init_method or "").startswith("file://"):
-        base = dist.FileStore(cfg.init_method.removeprefix("file://"), proc.world_size)
-    else:
-        host, port = endpoint(proc, cfg) or ("", proc.master_port)
-        base = rendezvous_store(replace(proc, master_addr=host, master_port=port), timeout)
+    base = job_store(proc, cfg)
     store = dist.PrefixStore("doctor", base)
     store.set(f"rank{proc.rank}", json.dumps(mine))
     if not proc.is_main:
@@ -394,7 +389,7 @@ def build_report(proc: ProcessInfo, cfg: DistConfig, views: list[dict], gathered
         )
     elif missing:
         findings.append(Finding("report", SKIPPED, "rank 0's view only: it could not reach the rendezvous store"))
-    where = endpoint(proc, cfg)
+    where = rendezvous_endpoint(proc, cfg)
     return {
         "ok": all(f.status != FAILED for f in findings),
         "world_size": proc.world_size,
@@ -435,10 +430,18 @@ def summary(report: dict) -> str:
     return "; ".join(f"{c['check']}: {c['detail']}" for c in report["checks"] if c["status"] == FAILED)
 
 
+@dataclass(frozen=True)
+class DoctorConfig:
+    """Doctor: where it reports."""
+
+    json: str | None = field(default=None, metadata=flag(metavar="PATH"))
+    """Also write the report as JSON to PATH ('-' for stdout)."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m app doctor``."""
-    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH ('-' for stdout)")
-    add_dist_arguments(parser)
+    flags.add_arguments(parser, DoctorConfig)
+    flags.add_arguments(parser, DistConfig)
 
 
 def _print(report: dict, json_path: str | None) -> None:
@@ -453,8 +456,8 @@ def _print(report: dict, json_path: str | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Diagnose this rank; gather every rank's view on rank 0, which prints the table. 0 ok, 1 a check failed."""
-    cfg = dist_config_from_args(args)
-    proc = launcher.detect(need_master=cfg.init_method is None)
+    cfg = flags.from_args(DistConfig, args)
+    proc = this_process(cfg)
     diag = diagnose(proc, cfg)
     mine = view(diag, proc)
     views = None
@@ -467,7 +470,7 @@ def run(args: argparse.Namespace) -> int:
     failed = diag.failure()
     if proc.is_main:
         report = build_report(proc, cfg, views or [mine], gathered=views is not None)
-        _print(report, args.json)
+        _print(report, flags.from_args(DoctorConfig, args).json)
         if not report["ok"]:  # this rank's own failure first; else the others', each naming its rank
             raise ClusterError(failed.detail if failed else f"doctor: {summary(report)}")
         return 0

@@ -20,16 +20,19 @@ best of each counts: other traffic only slows a transfer down, and spread over t
 spoil all of a link's samples.
 
 Rank 0 prints the N x N tables (rows: sender, columns: receiver, names: host names) and the
-verdict. The rule works on the logarithm of bandwidth, since a slow link is slow by a factor and
-the noise of a transfer is a fraction of it: a link is slow when its bandwidth is below
-median / s^k, with s = max(exp(1.4826 x MAD of ln bandwidth), 1.25) over all links (median: the
-geometric one; MAD: median absolute deviation; 1.4826 x MAD estimates the standard deviation of
-normal noise; --k, default 3). The floor 1.25 keeps steady links from flagging small differences:
-with k = 3 a link is slow only below median / 1.95, about half the median, or lower where the
-links are noisy. A node is named when all its links in one direction are slow (it sends or
-receives slowly); a link is named when it is slow and no named node explains it. The rule needs
-3 or more nodes (with 2 only --fail-below judges) and holds while fewer than half the links are
-slow; with 3 nodes one noisy link besides a slow node can hide it, so use 4 or more where you can.
+verdict, by the outlier rule of app/diagnostics/outliers.py over all links' bandwidth: a link is
+slow when its bandwidth is below median / s^k, with s = max(exp(1.4826 x MAD of ln bandwidth),
+1.25) (median: the geometric one; MAD: median absolute deviation; --k, default 3): with k = 3
+about half the median, or lower where the links are noisy. A node is named when its links in one
+direction are slow as a group (it sends or receives slowly): their geometric mean is below the
+median of the links that do not touch it / s^(k / sqrt(m)), m its links in that direction (a mean
+of m links has 1/sqrt(m) of one link's noise), and each of them below that median / s^(k/2): with 3
+nodes below 0.62 of the others, with 4 below 0.68 (each link below 0.72), so a node at half speed
+is named in every run where its single links straddle the one-link threshold (median and s here
+are those of the links that do not touch the node). A link is named when it is slow and no named
+node explains it. The rule needs 3 or more nodes (with 2 only --fail-below judges) and holds while
+fewer than half the links are slow; with 3 nodes one noisy link besides a slow node can hide it, so
+use 4 or more where you can.
 
 --fail-below FRACTION: exit status 1 when any link's bandwidth is below FRACTION x the median
 (the error line names them); without it the verdict is reported and the exit status is 0.
@@ -53,26 +56,22 @@ JSON (--json PATH; rank 0 writes it; keys are stable, new keys may be added):
 
 import argparse
 import json
-import math
-import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from app import plots
+from app import flags, plots
 from app.atomic import atomic_write_text
-from app.diagnostics.collectives import format_size, parse_size, synchronize
+from app.diagnostics import outliers
+from app.diagnostics.collectives import format_size, size_parser, synchronize
+from app.diagnostics.outliers import DEFAULT_K
 from app.errors import ClusterError, UsageError, first_line
-from app.runtime import launcher
-from app.runtime.distributed import DistContext, add_dist_arguments, dist_config_from_args, process_group
+from app.flags import flag
+from app.runtime.distributed import DistConfig, DistContext, process_group, this_process
 
 SCHEMA = "ddp-cluster/links/1"
-MAD_SCALE = 1.4826
-"""MAD x this estimates the standard deviation of normally distributed noise."""
-MIN_SPREAD = 1.25
-"""s, the factor per k of the rule, is at least this."""
 LATENCY_BYTES = 8
 PINGS_PER_VISIT = 4
 """Ping-pongs per link at each of its --iters visits; the best of all counts."""
@@ -80,31 +79,32 @@ PINGS_PER_VISIT = 4
 
 @dataclass(frozen=True)
 class LinksConfig:
-    """What the link test sends and how it judges."""
+    """Links: what the test sends, how it judges, where it reports."""
 
-    nbytes: int = 16 << 20
-    """Bytes of each bandwidth transfer."""
+    nbytes: int = field(
+        default=16 << 20, metadata=flag(parse=size_parser("--bytes"), option="--bytes", show="16 MiB", metavar="SIZE")
+    )
+    """Bytes per transfer."""
     iters: int = 5
     """Timed transfers per link; the best counts."""
     warmup: int = 1
     """Untimed transfers before each timed one."""
-    k: float = 3.0
-    """A link is slow below median / s^k (the module docstring says what s is)."""
-    fail_below: float | None = None
-    """Exit status 1 when a link is below this fraction of the median."""
+    k: float = DEFAULT_K
+    """A link is slow below median / s^k, s: the spread of the links (the rule below says how)."""
+    fail_below: float | None = field(default=None, metadata=flag(metavar="FRACTION"))
+    """Exit status 1 when a link is below FRACTION x median."""
+    json: str | None = field(default=None, metadata=flag(metavar="PATH"))
+    """Also write the report as JSON (keys: see below)."""
+    plot: str | None = field(default=None, metadata=flag(metavar="PATH.png"))
+    """Also draw the bandwidth matrix as a heatmap (PNG)."""
 
     def __post_init__(self) -> None:
         if self.nbytes < 1:
             raise UsageError(f"--bytes {self.nbytes} must be >= 1")
         if self.warmup < 0 or self.iters < 1:
             raise UsageError(f"--warmup {self.warmup} must be >= 0 and --iters {self.iters} >= 1")
-        if self.k <= 0:
-            raise UsageError(f"--k {self.k} must be a positive number of deviations (3 is usual)")
-        if self.fail_below is not None and not 0 < self.fail_below <= 1:
-            raise UsageError(f"--fail-below {self.fail_below} must be a fraction of the median in (0, 1], e.g. 0.5")
-
-
-DEFAULTS = LinksConfig()
+        outliers.check_k(self.k)
+        outliers.check_fraction(self.fail_below)
 
 
 # --- the schedule and the verdict (pure) -------------------------------------------------------
@@ -160,19 +160,15 @@ def judge(matrix: list[list[float | None]], k: float) -> Verdict:
     """Apply the outlier rule (see the module docstring) to a bandwidth matrix."""
     links = off_diagonal(matrix)
     n = len(matrix)
-    values = list(links.values())
-    logs = [math.log(max(v, 1e-12)) for v in values] or [0.0]
-    center = statistics.median(logs)
-    mad_log = statistics.median(abs(x - center) for x in logs)
-    if n < 3:
-        return Verdict(math.exp(center), mad_log, None, None, [], [])
-    spread = max(math.exp(MAD_SCALE * mad_log), MIN_SPREAD)
-    threshold = math.exp(center) / spread**k
-    slow = {link for link, v in links.items() if v < threshold}
+    rule = outliers.judge_values(list(links.values()), k, judged=n >= 3)
+    if rule.threshold is None:
+        return Verdict(rule.median, rule.mad_log, None, None, [], [])
+    slow = {link for link, v in links.items() if rule.is_slow(v)}
     nodes = []
     for node in range(n):
-        sends = all((node, j) in slow for j in range(n) if j != node)
-        receives = all((j, node) in slow for j in range(n) if j != node)
+        others = [v for (a, b), v in links.items() if node not in (a, b)]
+        sends = outliers.slow_as_a_group([v for (a, _), v in links.items() if a == node], others, k)
+        receives = outliers.slow_as_a_group([v for (_, b), v in links.items() if b == node], others, k)
         if sends or receives:
             nodes.append((node, "both" if sends and receives else "send" if sends else "receive"))
     named = dict(nodes)
@@ -181,7 +177,7 @@ def judge(matrix: list[list[float | None]], k: float) -> Verdict:
         return named.get(src) in ("send", "both") or named.get(dst) in ("receive", "both")
 
     slow_links = sorted(link for link in slow if not explained(*link))
-    return Verdict(math.exp(center), mad_log, spread, threshold, nodes, slow_links)
+    return Verdict(rule.median, rule.mad_log, rule.spread, rule.threshold, nodes, slow_links)
 
 
 def below(matrix: list[list[float | None]], median: float, fraction: float | None) -> list[tuple[int, int]]:
@@ -338,11 +334,8 @@ def format_verdict(report: dict) -> list[str]:
     n = len(report["nodes"])
     if report["threshold_gbps"] is None:
         return [f"verdict: {n} nodes: the outlier rule needs 3 or more (use --fail-below to judge 2)"]
-    lines = [
-        f"rule: a link is slow below median / s^k = {report['median_gbps']:.3f} / {report['spread']:.3f}^"
-        f"{report['k']:g} = {report['threshold_gbps']:.3f} GB/s; s = max(e^({MAD_SCALE} x MAD of ln GB/s), "
-        f"{MIN_SPREAD:g}) = max(e^({MAD_SCALE} x {report['mad_log']:.3f}), {MIN_SPREAD:g}), k = {report['k']:g}"
-    ]
+    rule = outliers.Rule(report["median_gbps"], report["mad_log"], report["spread"], report["threshold_gbps"])
+    lines = [f"rule: a link is slow below {outliers.formula(rule, report['k'], 'GB/s')}"]
     named = [f"node {s['node']} ({_direction(s['direction'])})" for s in report["slow_nodes"]]
     named += [f"link {s['src']} -> {s['dst']} ({s['gbps']:.3f} GB/s)" for s in report["slow_links"]]
     lines.append(f"verdict: slow: {'; '.join(named)}" if named else "verdict: no slow node or link")
@@ -351,9 +344,9 @@ def format_verdict(report: dict) -> list[str]:
 
 def _direction(direction: str) -> str:
     return {
-        "send": "sends slowly: every link from it is slow",
-        "receive": "receives slowly: every link to it is slow",
-    }.get(direction, "every link from and to it is slow")
+        "send": "sends slowly: its links from it are slow together",
+        "receive": "receives slowly: its links to it are slow together",
+    }.get(direction, "its links from and to it are slow together")
 
 
 def format_report(report: dict) -> str:
@@ -392,54 +385,25 @@ def plot(path: str, report: dict) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m app links``."""
-    d = DEFAULTS
-    parser.add_argument(
-        "--bytes",
-        default=format_size(d.nbytes).replace(" ", ""),
-        metavar="SIZE",
-        help=f"bytes per transfer ({format_size(d.nbytes)})",
-    )
-    parser.add_argument("--iters", type=int, default=d.iters, help=f"timed transfers per link, best counts ({d.iters})")
-    parser.add_argument(
-        "--warmup", type=int, default=d.warmup, help=f"untimed transfers before each timed one ({d.warmup})"
-    )
-    parser.add_argument(
-        "--k",
-        type=float,
-        default=d.k,
-        help=f"a link is slow below median / s^k, s = max(e^({MAD_SCALE} x MAD of ln GB/s), {MIN_SPREAD:g})"
-        f" (default k = {d.k:g})",
-    )
-    parser.add_argument(
-        "--fail-below", type=float, metavar="FRACTION", help="exit status 1 when a link is below FRACTION x median"
-    )
-    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON (keys: see below)")
-    parser.add_argument("--plot", metavar="PATH.png", help="also draw the bandwidth matrix as a heatmap (PNG)")
-    add_dist_arguments(parser)
+    flags.add_arguments(parser, LinksConfig)
+    flags.add_arguments(parser, DistConfig)
 
 
 def run(args: argparse.Namespace) -> int:
     """Measure on this rank; rank 0 prints, writes --json/--plot, and fails below --fail-below."""
-    cfg = LinksConfig(
-        nbytes=parse_size(args.bytes, "--bytes"),
-        iters=args.iters,
-        warmup=args.warmup,
-        k=args.k,
-        fail_below=args.fail_below,
-    )
-    if args.plot:
-        plots.prepare(args.plot)
-    dist_cfg = dist_config_from_args(args)
-    proc = launcher.detect(need_master=dist_cfg.init_method is None)
+    cfg, dist_cfg = flags.from_args(LinksConfig, args), flags.from_args(DistConfig, args)
+    if cfg.plot:
+        plots.prepare(cfg.plot)
+    proc = this_process(dist_cfg)
     with process_group(proc, dist_cfg) as ctx:
         report = build_report(ctx, cfg)
     if not proc.is_main:
         return 0 if report["ok"] else 1
     print(format_report(report), flush=True)
-    if args.json:
-        atomic_write_text(args.json, json.dumps(report, indent=2) + "\n")
-    if args.plot:
-        plot(args.plot, report)
+    if cfg.json:
+        atomic_write_text(cfg.json, json.dumps(report, indent=2) + "\n")
+    if cfg.plot:
+        plot(cfg.plot, report)
     if not report["ok"]:
         slow = ", ".join(f"{s['src']} -> {s['dst']} {s['gbps']:.3f} GB/s" for s in report["below_fail"])
         raise ClusterError(f"links: below {report['fail_below']:g} x median {report['median_gbps']:.3f} GB/s: {slow}")

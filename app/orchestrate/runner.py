@@ -16,7 +16,9 @@ whatever happens to the other nodes: a worker container that stops is started ag
 restart policy brings back one that crashed; one stopped by hand is started here) up to
 --max-restarts times, and torchrun's agents restart every worker in a new rendezvous round, the
 job resuming from its last checkpoint. Tracebacks, C++ frames, torchrun's banners and every
-node's output go to build/cluster/<name>.log (``--verbose`` prints them too).
+node's output go to the command's one log (logs/cluster.log, or --log-dir; ``--verbose`` prints them
+too): the status line and the error line name the same file. Every process ``up`` starts (docker
+events, logs) ends with it.
 
 What the user sees of a failure (docs/faults.md):
 - one line per restart, once the job runs again: which node or rank failed and why (signal or
@@ -93,6 +95,10 @@ class Filter:
     """The first exception of the app's; else the last of torchrun's."""
     said_error: bool = False
     """The app printed its own one-line ``error:``."""
+    cause_rank: int | None = None
+    """The global rank whose traceback ended with ``cause`` (None: the launcher's own)."""
+    raised: list[tuple[int, str]] = field(default_factory=list)
+    """The ranks' exceptions not yet taken (``Run.take``): (global rank, exception line)."""
 
     def is_internal(self, line: str) -> bool:
         """True for a line that belongs in the log only."""
@@ -106,13 +112,16 @@ class Filter:
         if prefix in self.open_tracebacks:
             if not text.startswith((" ", "\t")) and text.strip():
                 self.open_tracebacks.discard(prefix)  # the exception's own line ends the traceback
-                self._keep(text.strip())
+                rank = int(prefix[5:-2]) if prefix else None
+                self._keep(text.strip(), rank)
+                if rank is not None:
+                    self.raised.append((rank, text.strip()))
             return True
         return bool(prefix or _GLOG.match(line) or _BANNER.match(line))
 
-    def _keep(self, exception: str) -> None:
+    def _keep(self, exception: str, rank: int | None) -> None:
         if not self.cause or _is_torchruns(self.cause):  # the app's first exception wins over torchrun's last
-            self.cause = exception
+            self.cause, self.cause_rank = exception, rank
 
 
 def _is_torchruns(exception: str) -> bool:
@@ -179,6 +188,10 @@ class Run:
     """The ranks' one-line errors during the incident (printed at the end if the job does not resume)."""
     gave_up: Stopped | None = None
     """Why the job was stopped rather than restarted (None: it was not)."""
+    raised: dict[int, str] = field(default_factory=dict)
+    """Global rank -> the exception its traceback ended with, in the current attempt."""
+    failed_before: dict[int, str] = field(default_factory=dict)
+    """Global rank -> the exception it failed with in the attempt before (``repeated``)."""
     notes: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -231,6 +244,8 @@ class Run:
             self.failure(kind, f"{self.rank_name(node, local_rank)} ended with {describe_status(code)}")
             if code == 2:
                 self.give_up("bad input fails the same way on every attempt", 2)
+            elif code > 0:
+                self.repeated(node, local_rank)
             return True
         if line.startswith("error: "):
             self.app_error(line)
@@ -239,6 +254,32 @@ class Run:
             self.resumed(resumed, line)
             return True
         return False
+
+    def take(self, node: str, filt: Filter, line: str) -> bool:
+        """``filt``'s reading of ``line`` of ``node``'s output (True: internal); the exceptions it ended noted."""
+        internal = filt.is_internal(line)
+        with self.lock:
+            self.raised.update(filt.raised)
+        filt.raised.clear()
+        return internal
+
+    def repeated(self, node: str, local_rank: int) -> None:
+        """A rank ended with an exit status: when it failed with the same exception in the attempt before (and no
+        container or signal was the cause), every restart would fail the same way: the job is stopped."""
+        ranks = self.node_ranks(self.container_of(node))
+        rank = ranks[local_rank] if local_rank < len(ranks) else None
+        with self.lock:
+            exception = self.raised.pop(rank, None) if rank is not None else None
+            external = any(kind in (CONTAINER, KILLED) for kind, _ in self.incident.causes) if self.incident else False
+            before = self.failed_before.get(rank) if rank is not None else None
+            if rank is not None and exception:
+                self.failed_before[rank] = exception
+        if exception and exception == before and not external:
+            self.give_up(
+                f"{self.where(rank)} failed the same way on two attempts in a row ({exception}): a restart cannot "
+                "cure it; fix the script, then run the job again",
+                1,
+            )
 
     def app_error(self, line: str) -> None:
         """A rank's one-line error: held back while the job may resume; a hopeless one stops the job."""
@@ -295,9 +336,18 @@ class Run:
         """The global ranks of a torchrun node (``compose.rank_order`` says which node holds which)."""
         return compose.node_ranks(self.spec, container)
 
+    def container_of(self, node: str) -> str:
+        """The container of a service's node (``worker-1`` -> ``ddp-cluster-worker-1``)."""
+        return node if node.startswith(f"{self.spec.job.name}-") else f"{self.spec.job.name}-{node}"
+
+    def where(self, rank: int) -> str:
+        """``rank 1 on ddp-cluster-head-1`` (a torchrun job: c10d's node order, ``compose.rank_order``)."""
+        node = next((c for c in compose.rank_order(self.spec) if rank in self.node_ranks(c)), None)
+        return f"rank {rank} on {node}" if node else f"rank {rank}"
+
     def rank_name(self, node: str, local_rank: int) -> str:
         """``rank 3 (local rank 1 on ddp-cluster-worker-1)``."""
-        container = node if node.startswith(f"{self.spec.job.name}-") else f"{self.spec.job.name}-{node}"
+        container = self.container_of(node)
         ranks = self.node_ranks(container)
         where = f"local rank {local_rank} on {container}"
         return f"rank {ranks[local_rank]} ({where})" if local_rank < len(ranks) else where
@@ -325,11 +375,22 @@ def _follow_main(run: Run, filt: Filter, since: float) -> None:
     for raw in proc.stdout:
         line = raw.rstrip("\n")
         run.log(f"{run.main_service}: {line}")
-        internal = filt.is_internal(line)
+        internal = run.take(run.main_container, filt, line)
         if run.observe(run.main_container, line):
             continue
         if not internal or run.verbose:
             print(line, flush=True)
+
+
+def _ends_with(stop: threading.Event, proc: subprocess.Popen) -> subprocess.Popen:
+    """``proc``, killed once ``stop`` is set: a thread blocked reading its output must not outlive the job."""
+
+    def end() -> None:
+        stop.wait()
+        proc.kill()
+
+    threading.Thread(target=end, daemon=True).start()
+    return proc
 
 
 def _follow_others(run: Run, stop: threading.Event, since: float) -> None:
@@ -342,9 +403,10 @@ def _follow_others(run: Run, stop: threading.Event, since: float) -> None:
     """
     after = f"{since:.3f}"  # this run's lines only, as for the main node
     seen: set[str] = set()  # the lines taken, each with its node and its time
+    filters: dict[str, Filter] = {}  # each node's tracebacks: the exception a rank failed with
     while not stop.is_set():
         args = run.compose("logs", "--follow", "--no-color", "--timestamps", "--since", after, *_other_services(run))
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        proc = _ends_with(stop, subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
         try:
             assert proc.stdout is not None
             for raw in proc.stdout:
@@ -356,6 +418,7 @@ def _follow_others(run: Run, stop: threading.Event, since: float) -> None:
                 after = stamp or after
                 node = service.strip()
                 run.log(f"{node}: {line}")
+                run.take(node, filters.setdefault(node, Filter()), line)
                 run.observe(node, line)
         finally:
             proc.kill()
@@ -371,7 +434,7 @@ def _watch_nodes(run: Run, stop: threading.Event) -> None:
     """Start again a worker container that stopped while the job runs, up to --max-restarts times."""
     label = f"label=com.docker.compose.project={run.spec.job.name}"
     args = ["docker", "events", "--filter", label, "--filter", "event=die", "--format", "{{json .}}"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = _ends_with(stop, subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
     try:
         assert proc.stdout is not None
         for raw in proc.stdout:
@@ -387,6 +450,7 @@ def _watch_nodes(run: Run, stop: threading.Event) -> None:
                 _restart_node(run, name, code, stop)
     finally:
         proc.kill()
+        proc.wait()
 
 
 def _running(name: str) -> bool:
@@ -430,7 +494,8 @@ def _prepare(args: argparse.Namespace) -> Run:
     folder = (args.state_dir / spec.job.name).resolve()
     for name, text in compose.cluster_files(spec, folder).items():
         atomic_write_text(folder / name, text)
-    return Run(spec, folder, (args.state_dir / f"{spec.job.name}.log").resolve(), args.verbose)
+    log_file = getattr(args, "log_file", None) or args.state_dir / f"{spec.job.name}.log"  # the command's log
+    return Run(spec, folder, Path(log_file).resolve(), args.verbose)
 
 
 def _down(run: Run) -> int:
@@ -460,7 +525,7 @@ def _up(run: Run, results: Path) -> int:
     shape = f"{spec.nodes.nodes} node(s) x {spec.nodes.nproc_per_node}"
     run.say(f"cluster: {spec.job.name}: {spec.job.launcher}, {shape}: {compose.job_line(spec)}")
     run.log_file.parent.mkdir(parents=True, exist_ok=True)
-    run.log_file.write_text("")
+    run.log(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} cluster up {spec.job.name}")  # a log holds every run's lines
     stop = threading.Event()
     start, since = time.monotonic(), time.time()
     # Detached: compose starts the nodes (the workers once the head is healthy) and returns; the
@@ -478,10 +543,12 @@ def _up(run: Run, results: Path) -> int:
         threading.Thread(target=_follow_others, args=(run, stop, since), daemon=True),
         threading.Thread(target=_follow_main, args=(run, main_output, since), daemon=True),
     ]
-    for thread in threads:
-        thread.start()
-    status = _wait_main(run, spec.job.time_limit - (time.monotonic() - start))
-    stop.set()
+    try:
+        for thread in threads:
+            thread.start()
+        status = _wait_main(run, spec.job.time_limit - (time.monotonic() - start))
+    finally:
+        stop.set()  # ends the processes the threads read (docker events, compose logs)
     elapsed = time.monotonic() - start
     # Rank 0's node has ended: the others cannot go on without it; stopped first, reported after.
     subprocess.run(run.compose("stop", "--timeout", str(STOP_GRACE_S)), capture_output=True, timeout=180, check=False)
@@ -515,7 +582,8 @@ def _failure(run: Run, status: int, output: Filter) -> str:
             "job again to resume from its last checkpoint"
         )
     if output.cause and not output.said_error:
-        return f"{run.main_container}: {root_cause(output.cause, spec)}"
+        where = run.where(output.cause_rank) if output.cause_rank is not None else run.main_container
+        return f"{where}: {root_cause(output.cause, spec)}"
     return f"the job failed: {run.main_container} (rank 0's node) ended with {describe_status(status)}; see above"
 
 

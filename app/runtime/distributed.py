@@ -4,22 +4,26 @@
         ...  # ctx.device is cuda:LOCAL_RANK under nccl, cpu under gloo
         parts = first_ranks(ctx, [1, 2])  # parts[2]: ranks 0-1 as a group of their own (None on the others)
 
-Backend ``auto`` is nccl when CUDA is available and this local rank has a GPU, else gloo. The
-rendezvous is torchrun's own store under torchrun, a ``file://`` path when ``--init-method`` gives
-one, otherwise a TCP store on MASTER_ADDR:MASTER_PORT that rank 0 serves.
+Backend ``auto`` is nccl when every node of the job has a GPU for each of its local ranks, else
+gloo on every rank; the ranks agree on it through the store before any NCCL call
+(``app.runtime.backend``). The store is torchrun's own under torchrun, a ``file://`` path when
+``--init-method`` gives one, otherwise a TCP store on MASTER_ADDR:MASTER_PORT that rank 0 serves.
 """
 
-import argparse
+import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
+from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
 
 from app.errors import ClusterError, UsageError, first_line
-from app.runtime import launcher
+from app.flags import flag
+from app.runtime import backend, devices, launcher
 from app.runtime.launcher import ProcessInfo
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -27,16 +31,16 @@ BACKENDS = ("auto", "gloo", "nccl")
 
 @dataclass(frozen=True)
 class DistConfig:
-    """How to join the process group."""
+    """Process group: how to join it."""
 
-    backend: str = "auto"
-    """auto (nccl with a GPU for this local rank, else gloo), gloo or nccl."""
-    timeout_s: float = 120.0
-    """Seconds before a rendezvous or a collective that does not complete becomes an error."""
+    backend: str = field(default="auto", metadata=flag(choices=BACKENDS))
+    """Communication backend: auto (nccl when every node has a GPU per local rank, else gloo), gloo or nccl."""
+    timeout_s: float = field(default=120.0, metadata=flag(option="--timeout", metavar="S"))
+    """Seconds before a stuck rendezvous or collective fails."""
     ifname: str | None = None
-    """Network interface for gloo and NCCL (sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME)."""
-    init_method: str | None = None
-    """A ``file://`` rendezvous shared by all ranks, instead of MASTER_ADDR:MASTER_PORT."""
+    """Network interface for gloo and NCCL, e.g. eth0 (sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME)."""
+    init_method: str | None = field(default=None, metadata=flag(metavar="URL"))
+    """A file:///shared/path rendezvous shared by all ranks, instead of MASTER_ADDR:MASTER_PORT."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -64,45 +68,17 @@ class DistContext:
         self.broken.append(reason)
 
 
-def resolve_backend(requested: str, local_rank: int, cuda_available: bool, gpu_count: int) -> str:
-    """Pick the backend; nccl without a GPU for this local rank is a usage error."""
-    has_gpu = cuda_available and local_rank < gpu_count
-    if requested == "auto":
-        return "nccl" if has_gpu else "gloo"
-    if requested == "nccl" and not has_gpu:
-        seen = f"{gpu_count} GPU(s) visible" if cuda_available else "CUDA is not available"
-        raise UsageError(f"--backend nccl needs a GPU for local rank {local_rank} but {seen}: use --backend gloo")
-    return requested
-
-
-def add_dist_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add --backend, --timeout, --ifname and --init-method to a command's parser."""
-    group = parser.add_argument_group("process group")
-    group.add_argument("--backend", default="auto", choices=BACKENDS, help="communication backend (default: auto)")
-    group.add_argument(
-        "--timeout",
-        type=float,
-        default=120.0,
-        metavar="S",
-        help="seconds before a stuck rendezvous or collective fails (default: 120)",
-    )
-    group.add_argument("--ifname", default=None, help="network interface for gloo/NCCL, e.g. eth0")
-    group.add_argument(
-        "--init-method",
-        default=None,
-        metavar="URL",
-        help="file:///shared/path rendezvous instead of MASTER_ADDR:MASTER_PORT",
-    )
-
-
 def this_process(cfg: DistConfig) -> ProcessInfo:
-    """This process as its launcher describes it; MASTER_ADDR is required unless ``cfg`` names a rendezvous."""
+    """This process as its launcher describes it; MASTER_ADDR is required unless ``cfg`` names a rendezvous.
+
+    The one way a command describes its process (``launcher.detect`` with what ``cfg`` implies).
+    """
     return launcher.detect(need_master=cfg.init_method is None)
 
 
-def dist_config_from_args(args: argparse.Namespace) -> DistConfig:
-    """The DistConfig that add_dist_arguments' flags describe."""
-    return DistConfig(backend=args.backend, timeout_s=args.timeout, ifname=args.ifname, init_method=args.init_method)
+def record_collectives(folder: Path) -> Path:
+    """Torch's flight recorder on, before the group starts; its dumps' prefix (launcher.record_collectives)."""
+    return launcher.record_collectives(folder)
 
 
 def rendezvous_store(proc: ProcessInfo, timeout: timedelta) -> dist.Store:
@@ -144,19 +120,37 @@ def _agent_store(proc: ProcessInfo, timeout: timedelta) -> dist.Store:
     return dist.PrefixStore(f"attempt_{proc.restart_count}", base)
 
 
-def _init(proc: ProcessInfo, cfg: DistConfig, backend: str, device: torch.device) -> None:
+def rendezvous_endpoint(proc: ProcessInfo, cfg: DistConfig) -> tuple[str, int] | None:
+    """The rendezvous host and port, or None (one process, or a file:// rendezvous)."""
+    if proc.world_size == 1 or (cfg.init_method or "").startswith("file://"):
+        return None
+    if (cfg.init_method or "").startswith("tcp://"):
+        url = urlparse(cfg.init_method)
+        return url.hostname or "", url.port or proc.master_port
+    return proc.master_addr or "", proc.master_port
+
+
+def job_store(proc: ProcessInfo, cfg: DistConfig) -> dist.Store:
+    """The job's store, where the ranks meet before (and to build) the process group.
+
+    A file:// rendezvous is a FileStore on that file; otherwise the store on the rendezvous
+    endpoint (tcp:// in --init-method, else MASTER_ADDR:MASTER_PORT): torchrun's agent's, or the
+    one rank 0 serves. torch's own ``init_method`` handlers build the same stores.
+    """
+    timeout = timedelta(seconds=cfg.timeout_s)
+    if (cfg.init_method or "").startswith("file://"):
+        return dist.FileStore(cfg.init_method.removeprefix("file://"), proc.world_size)
+    host, port = rendezvous_endpoint(proc, cfg) or ("", proc.master_port)
+    return rendezvous_store(replace(proc, master_addr=host, master_port=port), timeout)
+
+
+def _init(proc: ProcessInfo, cfg: DistConfig, backend: str, device: torch.device, store: dist.Store) -> None:
     timeout = timedelta(seconds=cfg.timeout_s)
     kwargs: dict = {"backend": backend, "timeout": timeout, "rank": proc.rank, "world_size": proc.world_size}
     if device.type == "cuda":
         kwargs["device_id"] = device
-    if cfg.init_method:
-        kwargs["init_method"] = cfg.init_method
-    elif proc.torchelastic and not proc.agent_store:
-        kwargs["init_method"] = "env://"
-    else:
-        kwargs["store"] = rendezvous_store(proc, timeout)
     try:
-        dist.init_process_group(**kwargs)
+        dist.init_process_group(store=store, **kwargs)
     except (RuntimeError, ValueError) as error:
         ifname = cfg.ifname or proc.ifname
         via = f"interface {ifname}" if ifname else "the interface of this host's name (set --ifname to choose)"
@@ -168,16 +162,23 @@ def _init(proc: ProcessInfo, cfg: DistConfig, backend: str, device: torch.device
 
 @contextmanager
 def process_group(proc: ProcessInfo, cfg: DistConfig) -> Iterator[DistContext]:
-    """Join the process group for the duration of the block; always destroy it afterwards."""
+    """Join the process group for the duration of the block; always destroy it afterwards.
+
+    The ranks first agree on one backend through the job's store (``app.runtime.backend``); rank 0
+    prints the one line that explains a fallback to gloo.
+    """
     if cfg.ifname:
         launcher.export_socket_ifname(cfg.ifname)
-    backend = resolve_backend(cfg.backend, proc.local_rank, torch.cuda.is_available(), torch.cuda.device_count())
-    device = torch.device("cuda", proc.local_rank) if backend == "nccl" else torch.device("cpu")
+    store = job_store(proc, cfg)
+    choice = backend.agree(store, proc, cfg.backend, devices.probe(), timedelta(seconds=cfg.timeout_s))
+    if choice.note and proc.is_main:
+        print(choice.note, file=sys.stderr, flush=True)
+    device = torch.device("cuda", proc.local_rank) if choice.backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     try:
-        _init(proc, cfg, backend, device)
-        ctx = DistContext(proc=proc, backend=backend, device=device)
+        _init(proc, cfg, choice.backend, device, store)
+        ctx = DistContext(proc=proc, backend=choice.backend, device=device)
         yield ctx
         if not ctx.broken:
             _leave_together(ctx)

@@ -22,6 +22,13 @@ PORT_MIN, PORT_MAX = 1024, 65535
 IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 """The network interface that gloo and NCCL use, when set."""
 
+FLIGHT_RECORDER = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+"""torch's flight recorder, on for every rank the project launches: the last 2000 collectives of each rank
+(gloo's too: torch's CPU recorder), and NCCL's dump of them when a collective times out."""
+FR_BUFFER_SIZE = "TORCH_FR_BUFFER_SIZE"
+FR_DUMP_FILE = "TORCH_FR_DUMP_TEMP_FILE"
+"""Where the flight recorder's dumps go: this prefix + the rank (default: the run's OUT/flight/fr-rank)."""
+
 NNODES = "NNODES"
 NPROC_PER_NODE = "NPROC_PER_NODE"
 """Written by the env file of a cluster (hosts and processes per host); no launcher reads them."""

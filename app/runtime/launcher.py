@@ -34,6 +34,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 
 from app.errors import UsageError
 from app.runtime import envvars, hostlist
@@ -329,3 +330,10 @@ def export_socket_ifname(ifname: str) -> None:
     """Make gloo and NCCL use interface ``ifname`` (before the process group starts)."""
     for name in envvars.IFNAME_VARIABLES:
         os.environ[name] = ifname
+
+
+def record_collectives(folder: Path) -> Path:
+    """Turn torch's flight recorder on (before the process group starts) unless the launcher did; the
+    prefix of its dump files: TORCH_FR_DUMP_TEMP_FILE as set, else ``folder``/fr-rank."""
+    os.environ.setdefault(envvars.FR_BUFFER_SIZE, envvars.FLIGHT_RECORDER[envvars.FR_BUFFER_SIZE])
+    return Path(os.environ.setdefault(envvars.FR_DUMP_FILE, str(folder.absolute() / "fr-rank")))

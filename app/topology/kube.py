@@ -92,9 +92,11 @@ def resources(spec: ClusterSpec) -> dict:
 
 
 def env(spec: ClusterSpec) -> list[dict]:
-    """The container's variables: the interface for gloo and NCCL, when the spec names one."""
+    """The container's variables: the interface for gloo and NCCL, when the spec names one; torch's flight
+    recorder, always."""
     ifname = spec.rendezvous.ifname
-    return [{"name": n, "value": ifname} for n in envvars.IFNAME_VARIABLES] if ifname else []
+    values = dict.fromkeys(envvars.IFNAME_VARIABLES, ifname) if ifname else {}
+    return [{"name": n, "value": v} for n, v in (values | envvars.FLIGHT_RECORDER).items()]
 
 
 CONTAINER_SECURITY = {
@@ -145,8 +147,7 @@ def tolerations(spec: ClusterSpec) -> list[dict]:
 def node_container(spec: ClusterSpec, name: str, command: list[str], port_name: str, mounts: list[dict]) -> dict:
     """The node's container: unprivileged, read-only root, the spec's resources."""
     fields: dict = {"name": name, "image": spec.job.image, "imagePullPolicy": "IfNotPresent", "command": command}
-    if env(spec):
-        fields["env"] = env(spec)
+    fields["env"] = env(spec)
     return fields | {
         "ports": [{"name": port_name, "containerPort": spec.rendezvous.master_port, "protocol": "TCP"}],
         "resources": resources(spec),

@@ -31,7 +31,7 @@ def env_vars(spec: ClusterSpec, hosts: tuple[Host, ...]) -> dict[str, str]:
         values[envvars.NPROC_PER_NODE] = str(slots.pop())
     if spec.rendezvous.ifname:
         values |= dict.fromkeys(envvars.IFNAME_VARIABLES, spec.rendezvous.ifname)
-    return values
+    return values | envvars.FLIGHT_RECORDER
 
 
 def render_env(spec: ClusterSpec, hosts: tuple[Host, ...]) -> str:

@@ -115,7 +115,7 @@ def _job(spec: ClusterSpec) -> list[str]:
 
 
 def _environment(spec: ClusterSpec) -> list[str]:
-    values = {"OMP_NUM_THREADS": str(spec.slurm.cpus_per_rank)}
+    values = {"OMP_NUM_THREADS": str(spec.slurm.cpus_per_rank), **envvars.FLIGHT_RECORDER}
     if spec.rendezvous.ifname:
         values |= dict.fromkeys(envvars.IFNAME_VARIABLES, spec.rendezvous.ifname)
     return [f"export {key}={shlex.quote(value)}" for key, value in values.items()]

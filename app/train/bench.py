@@ -1,6 +1,6 @@
 """Benchmark: samples/s of ``app train`` against a plain tutorial-style DDP loop, same data, same ranks.
 
-    python -m app bench                                   # starts 2 local ranks itself (torchrun --standalone)
+    python -m app bench                                   # starts 2 local ranks itself, one per GPU on a GPU machine
     python -m app bench --nproc-per-node 4 --json bench.json
     torchrun --standalone --nproc-per-node 2 -m app bench # under any launcher: the ranks it gives
     mpirun -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29500 python -m app bench
@@ -46,14 +46,13 @@ from app.atomic import atomic_write_text
 from app.diagnostics.collectives import synchronize
 from app.errors import UsageError
 from app.runtime.distributed import (
+    DistConfig,
     DistContext,
-    add_dist_arguments,
-    dist_config_from_args,
     first_ranks,
     process_group,
     this_process,
 )
-from app.runtime.relaunch import relaunch
+from app.runtime.relaunch import default_ranks, relaunch
 from app.topology.spec import Nodes
 from app.train import data, models, sync
 from app.train.config import DataConfig, ModelConfig, OutputConfig, SpeedConfig, StepsConfig, TrainConfig
@@ -69,7 +68,9 @@ SEED_WORKERS = 4
 class BenchConfig:
     """Benchmark."""
 
-    nproc_per_node: int = Nodes.nproc_per_node
+    nproc_per_node: int | None = field(
+        default=None, metadata=flags.flag(show=f"one per GPU, else {Nodes.nproc_per_node}")
+    )
     """Ranks to start with torchrun --standalone when run as one process."""
     samples: int = 8192
     """Synthetic training samples."""
@@ -86,7 +87,7 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         for name, value, least in (
-            ("--nproc-per-node", self.nproc_per_node, 1),
+            ("--nproc-per-node", 1 if self.nproc_per_node is None else self.nproc_per_node, 1),
             ("--batch-size", self.batch_size, 1),
             ("--samples", self.samples, self.batch_size),
             ("--rounds", self.rounds, 1),
@@ -101,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m app bench``: its own, app train's DDP and speed settings, the process group's."""
     flags.add_arguments(parser, BenchConfig)
     flags.add_arguments(parser, SpeedConfig)
-    add_dist_arguments(parser)
+    flags.add_arguments(parser, DistConfig)
 
 
 def train_config(bench: BenchConfig, speed: SpeedConfig, device: torch.device) -> TrainConfig:
@@ -312,11 +313,12 @@ def format_report(r: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Relaunch under torchrun when alone, else measure on these ranks; rank 0 reports."""
-    bench, dist_cfg = flags.from_args(BenchConfig, args), dist_config_from_args(args)
+    bench, dist_cfg = flags.from_args(BenchConfig, args), flags.from_args(DistConfig, args)
     speed = flags.from_args(SpeedConfig, args)
     proc = this_process(dist_cfg)
-    if proc.world_size == 1 and bench.nproc_per_node > 1:
-        return relaunch("bench", bench.nproc_per_node, args.argv, bench.launch_timeout)
+    nproc = bench.nproc_per_node or default_ranks(Nodes.nproc_per_node)
+    if proc.world_size == 1 and nproc > 1:
+        return relaunch("bench", nproc, args.argv, bench.launch_timeout)
     with process_group(proc, dist_cfg) as ctx, tempfile.TemporaryDirectory(prefix="ddp-bench-") as out:
         cfg = train_config(bench, speed, ctx.device)
         cfg = replace(cfg, output=replace(cfg.output, out=Path(out)))  # for OUT/progress and OUT/tensorboard

@@ -1,6 +1,7 @@
 """``python -m app train``: flags -> TrainConfig -> process group -> Trainer -> summary."""
 
 import argparse
+import json
 from collections.abc import Callable
 
 import torch.distributed as dist
@@ -11,12 +12,11 @@ from app.errors import ClusterError, first_line
 from app.runtime.distributed import (
     DistConfig,
     DistContext,
-    add_dist_arguments,
-    dist_config_from_args,
     process_group,
+    record_collectives,
     this_process,
 )
-from app.train import checkpoint, data, models, resize, snapshot, watch
+from app.train import checkpoint, data, flight, models, resize, snapshot, watch
 from app.train.config import SECTIONS, TrainConfig
 from app.train.report import Reporter
 from app.train.sync import main_decides
@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.usage = "%(prog)s [--dataset digits] [--model mlp] [--epochs N] [--out DIR] [--resume auto] [options]"
     for section in SECTIONS.values():
         flags.add_arguments(parser, section)
-    add_dist_arguments(parser)
+    flags.add_arguments(parser, DistConfig)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -65,6 +65,25 @@ def _resume_state(cfg: TrainConfig, identity: dict) -> tuple[tuple[dict, str] | 
     return latest, reached
 
 
+def _earlier_summary(cfg: TrainConfig) -> dict | None:
+    """summary.json of the run that finished in --out (None: none, or unreadable)."""
+    try:
+        return json.loads((cfg.output.out / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _nothing_left_line(cfg: TrainConfig, trainer: Trainer, earlier: dict) -> str:
+    """A finished job run again: one line, and its earlier summary stays as it was."""
+    o = cfg.steps
+    limit = f"--max-steps {o.max_steps}" if o.max_steps and trainer.pos.step >= o.max_steps else f"{o.epochs} epochs"
+    return (
+        f"train: nothing left to do: {cfg.output.out} finished at step {trainer.pos.step} ({limit}; "
+        f"test accuracy {earlier.get('test_accuracy', float('nan')):.4f}); its summary.json is kept: give more "
+        "--epochs or --max-steps to train on, or another --out to start afresh"
+    )
+
+
 def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], None] | None = None) -> dict:
     """Join the group, train, and return the summary (the same on every rank).
 
@@ -73,6 +92,7 @@ def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], N
     """
     proc = this_process(dist_cfg)
     doctor.preflight(proc, dist_cfg)  # a bad rendezvous: one line now, not a hang later
+    dumps = record_collectives(cfg.output.out / "flight")  # torch's flight recorder, before the group
     with process_group(proc, dist_cfg) as ctx, Reporter.of(cfg.output, ctx.proc.is_main) as reporter:
         dataset = prepare_data(cfg, ctx)
         trainer = Trainer(cfg, ctx, dataset, reporter, step_hooks=[reporter.after_step])
@@ -91,13 +111,22 @@ def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], N
         if change is not None:
             reporter.resize(change, cfg.steps.batch_size)
         trainer.note_previous_attempt(reached)
+        if trainer.finished and (earlier := main_decides(lambda: _earlier_summary(cfg), ctx.proc.is_main)):
+            if ctx.proc.is_main:
+                reporter.event("nothing_left", step=trainer.pos.step, resumed_from=trainer.resumed_from)
+                print(_nothing_left_line(cfg, trainer, earlier), flush=True)
+            return earlier
+        recorder = flight.Recorder(dumps, ctx.proc.rank, dist_cfg.timeout_s, trainer.watch.stage, ctx.backend != "nccl")
         try:
-            summary = trainer.fit()
+            with recorder:
+                summary = trainer.fit()
         except RuntimeError as error:  # a collective that timed out or lost a peer: name the ranks that stopped
             if not watch.collective_failed(error):
                 raise
             ctx.mark_broken(first_line(error))
-            line = trainer.watch.explain(error, trainer.pos.step)
+            recorder.dump(trainer.watch.stage()[0])  # this rank's side of the failed collective
+            found = flight.read(dumps, ctx.proc.world_size, trainer.watch.hosts)  # where the silent ranks were
+            line = "; ".join(filter(None, [trainer.watch.explain(error, trainer.pos.step), found]))
             raise ClusterError(line + snapshot.write(trainer)) from error
         reporter.finish(summary)
         return summary
@@ -105,7 +134,7 @@ def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], N
 
 def run(args: argparse.Namespace) -> int:
     """Train on this rank; rank 0 prints and writes. Exit 0 when parameters ended identical everywhere."""
-    summary = train(config_from_args(args), dist_config_from_args(args))
+    summary = train(config_from_args(args), flags.from_args(DistConfig, args))
     if not summary["params_identical"]:
         raise ClusterError(
             f"parameters differ across ranks after training (max difference "

@@ -429,6 +429,12 @@ class Trainer:
             **self.evaluate(),
         }
 
+    @property
+    def finished(self) -> bool:
+        """Nothing is left to train: every epoch is done, or --max-steps is reached (a finished job resumed)."""
+        o = self.cfg.steps
+        return self.pos.epoch >= o.epochs or bool(o.max_steps and self.pos.step >= o.max_steps)
+
     def count_flops(self) -> None:
         """On CUDA: count one sample's training FLOPs and find the GPU's bf16 peak (for TFLOP/s and MFU)."""
         if self.ctx.device.type != "cuda":
@@ -455,7 +461,7 @@ class Trainer:
         self.count_flops()
         record: dict = {}
         totals = {"samples": 0.0, "seconds": 0.0}
-        go_on = self.pos.epoch < o.epochs and not (o.max_steps and self.pos.step >= o.max_steps)
+        go_on = not self.finished
         while go_on and self.pos.epoch < o.epochs:
             epoch = self.pos.epoch
             stats = self.train_epoch()

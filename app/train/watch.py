@@ -151,8 +151,9 @@ class Watch:
         self.hosts: list[str] = sync.gather(ctx.proc.host, ctx.group)
         """Every rank's host, in rank order (gathered once, when the trainer starts)."""
         self.window = Window(time.perf_counter())
-        self.doing: tuple[str, int] = ("start", 0)
-        """The collective this rank is in (or was in last), and the optimizer step it belongs to."""
+        self._doing: tuple[str, int] = ("start", 0)
+        self.since = time.monotonic()
+        """When this rank began what it is ``doing`` (the flight recorder's watcher reads it)."""
         self.exchanged_at = 0
         """The step of the last exchange: every rank had reached it."""
         self.answers: dict[int, dict] = {}
@@ -162,6 +163,20 @@ class Watch:
         for param in model.parameters():
             if param.requires_grad:
                 param.register_post_accumulate_grad_hook(self._on_gradient)
+
+    @property
+    def doing(self) -> tuple[str, int]:
+        """The collective this rank is in (or was in last), and the optimizer step it belongs to."""
+        return self._doing
+
+    @doing.setter
+    def doing(self, stage: tuple[str, int]) -> None:
+        self._doing, self.since = stage, time.monotonic()
+
+    def stage(self) -> tuple[str, float]:
+        """``('the gradient all-reduce of step 7', since)``: what this rank does, and since when."""
+        what, step = self._doing
+        return f"the {what} of step {step}", self.since
 
     # --- timing (called by the trainer) ----------------------------------------------------------
 

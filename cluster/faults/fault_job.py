@@ -14,6 +14,8 @@ Hooks, on the first attempt only (the process found no --marker when it started)
   at --fault-at-step, rank --fault-rank writes --marker (JSON: step, rank, host, pid, time), then
     --stall: stops itself (SIGSTOP), like a hung process
     --fill-disk: fills the file system of --marker, leaving --leave-mib MiB free
+    --hang-s S: sleeps S seconds once, inside the step (a rank that hangs past --timeout; the hang test
+      expects the flight recorder to name the sleep's line)
   and from then on sleeps --slow-ms per step (the others wait for it), so a test can act at a known step.
 Always: --sleep-rank R sleeps --sleep-ms per step (a straggler); --first-steps FILE gets one JSON line
 per process with its first completed step and the time (``make bench-faults``).
@@ -42,6 +44,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--stall", action="store_true")
     parser.add_argument("--fill-disk", action="store_true")
     parser.add_argument("--leave-mib", type=float, default=1.0)
+    parser.add_argument("--hang-s", type=float, default=0)
     parser.add_argument("--sleep-rank", type=int, default=-1)
     parser.add_argument("--sleep-ms", type=float, default=0)
     parser.add_argument("--first-steps", type=Path)
@@ -87,6 +90,8 @@ def fault_hook(opts: argparse.Namespace):
                 fill(opts.marker.parent, int(opts.leave_mib * 2**20))
             if opts.stall:
                 os.kill(os.getpid(), signal.SIGSTOP)
+            if opts.hang_s:
+                time.sleep(opts.hang_s)  # HANG_LINE: the flight recorder names this line
         if state["slow"]:
             time.sleep(opts.slow_ms / 1000)
 

@@ -1,9 +1,17 @@
-"""``app links`` and ``app comm`` across the compose mini-cluster's containers.
+"""``app links``, ``app comm`` and ``app check``'s device health across the compose mini-cluster's containers.
 
 The proof that ``app links`` finds a slow node: a test-only container joins one cluster
 container's network namespace with NET_ADMIN (the cluster containers keep every capability
 dropped) and throttles its interface to 20 Mbit/s with tc; the report must name that container,
 and only it. The same run without a throttle names none.
+
+The proof that ``app check`` finds a slow device: the head container's CPU is limited with
+``docker update --cpus 0.1 --cpu-shares 2`` as soon as it runs; its rank must be named, and only
+it. The same run without the limit names none. Both limits: on a quiet machine the quota bites
+(the other ranks get about 2/3 of a core each; 0.5 core was not slow enough at a load of 3.5); on
+a busy one (this shared 2-core machine ran at a load of about 20, where every process gets about a
+tenth of a core, below a quota of 0.15) the weight of 2 against the others' 1024 does, while they
+compute at the same time.
 
 Run: ``DDP_TEST_IMAGE_NAME=... .venv/bin/python -m pytest tests/docker/test_measure.py``.
 """
@@ -21,6 +29,7 @@ THROTTLE_IMAGE = "ddp-cluster-node:bookworm"  # has iproute2 (tc); `make ansible
 # 1 MiB transfers: 0.4 s at 20 Mbit/s, about 1 ms unthrottled; the best of 10 visits per link rides out
 # a busy machine's scheduling noise and keeps the run short.
 LINKS_ARGS = "LINKS_ARGS=--bytes 1M --iters 10 --fail-below 0.1"
+HALF_ARGS = "LINKS_ARGS=--bytes 16M --iters 3"  # 16 MiB transfers: tbf's 1 MB burst is a small part of each
 TBF = ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "20mbit", "burst", "32kbit", "latency", "400ms"]
 
 
@@ -44,6 +53,21 @@ def _running_head(project: str, timeout: float = 120) -> str:
     raise AssertionError(f"the head container of {project} did not start within {timeout:g}s")
 
 
+def _with_running_head(cluster, make_args: list[str], action) -> subprocess.CompletedProcess:
+    """Run ``make MAKE_ARGS`` on the cluster, calling ``action(head container id)`` as soon as the head runs."""
+    cmd = ["make", "--no-print-directory", "BASE=local", f"IMAGE_NAME={IMAGE_NAME}", *make_args]
+    cmd += [f"CLUSTER={cluster.project}", f"RESULTS={cluster.results}"]
+    job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        action(_running_head(cluster.project))
+        out, err = job.communicate(timeout=600)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    return subprocess.CompletedProcess(job.args, job.returncode, out, err)
+
+
 def test_links_names_the_throttled_container_and_only_it(cluster, throttle_image) -> None:
     clean = cluster.make("cluster-links", "NODES=3", "NPROC_PER_NODE=1", LINKS_ARGS)
     assert clean.returncode == 0, explain(clean)
@@ -55,19 +79,12 @@ def test_links_names_the_throttled_container_and_only_it(cluster, throttle_image
     assert "verdict: no slow node or link" in clean.stdout
 
     # Again, with the head container's interface throttled from a container of the test's own.
-    cmd = ["make", "--no-print-directory", "BASE=local", f"IMAGE_NAME={IMAGE_NAME}", "cluster-links"]
-    cmd += [f"CLUSTER={cluster.project}", f"RESULTS={cluster.results}", "NODES=3", "NPROC_PER_NODE=1", LINKS_ARGS]
-    job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        netns = ["--network", f"container:{_running_head(cluster.project)}", "--cap-add", "NET_ADMIN"]
+    def throttle(head_id: str) -> None:
+        netns = ["--network", f"container:{head_id}", "--cap-add", "NET_ADMIN"]
         tc = run(["docker", "run", "--rm", *netns, throttle_image, *TBF], 120)
         assert tc.returncode == 0, explain(tc)
-        out, err = job.communicate(timeout=600)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
-    throttled = subprocess.CompletedProcess(job.args, job.returncode, out, err)
+
+    throttled = _with_running_head(cluster, ["cluster-links", "NODES=3", "NPROC_PER_NODE=1", LINKS_ARGS], throttle)
     assert throttled.returncode != 0, explain(throttled)  # --fail-below 0.1 is crossed
     report = cluster.json("links/links.json")
     assert report["slow_nodes"] == [{"node": head, "direction": "send"}], explain(throttled)
@@ -75,6 +92,55 @@ def test_links_names_the_throttled_container_and_only_it(cluster, throttle_image
     assert {(s["src"], s["dst"]) for s in report["below_fail"]} == {(head, n) for n in workers}
     assert f"verdict: slow: node {head} (sends slowly" in throttled.stdout
     assert (cluster.results / "links" / "links.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _docker_events_of(project: str) -> list[str]:
+    """``docker events`` processes still watching ``project`` (cluster up must leave none behind)."""
+    found = run(["pgrep", "-af", f"docker events .*com.docker.compose.project={project} "], 30).stdout
+    return found.splitlines()
+
+
+def _throttled_links(cluster, rate_mbit: int) -> dict:
+    """One ``make cluster-links`` run with the head container's egress held to ``rate_mbit`` by tc tbf."""
+    cmd = ["make", "--no-print-directory", "BASE=local", f"IMAGE_NAME={IMAGE_NAME}", "cluster-links"]
+    cmd += [f"CLUSTER={cluster.project}", f"RESULTS={cluster.results}", "NODES=3", "NPROC_PER_NODE=1", HALF_ARGS]
+    job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        head = _running_head(cluster.project)
+        netns = ["--network", f"container:{head}", "--cap-add", "NET_ADMIN"]
+        tbf = ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", f"{rate_mbit}mbit", "burst", "1mb"]
+        tc = run(["docker", "run", "--rm", *netns, THROTTLE_IMAGE, *tbf, "latency", "400ms"], 120)
+        assert tc.returncode == 0, explain(tc)
+        out, err = job.communicate(timeout=600)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 0, explain(subprocess.CompletedProcess(cmd, job.returncode, out, err))
+    return cluster.json("links/links.json")
+
+
+@pytest.mark.timeout(1800)
+def test_a_node_at_half_speed_gets_the_same_verdict_every_run(cluster, throttle_image) -> None:
+    """The defect: the head at about half the median bandwidth gave three verdicts in three identical runs (the
+    node, one link, nothing). Three runs with its egress held to about half the clean median must all name it."""
+    clean = cluster.make("cluster-links", "NODES=3", "NPROC_PER_NODE=1", HALF_ARGS)
+    assert clean.returncode == 0, explain(clean)
+    median = cluster.json("links/links.json")["median_gbps"]
+    rate_mbit = max(int(median * 8000 * 0.42), 1)  # tbf's rate at 0.42 of the median gave 0.4-0.55 of it
+    verdicts, ratios = [], []
+    for _ in range(3):
+        report = _throttled_links(cluster, rate_mbit)
+        sends = report["bandwidth_gbps"][0][1]  # head -> worker-1
+        ratios.append(round(sends / report["median_gbps"], 2))
+        verdicts.append((report["slow_nodes"], report["slow_links"]))
+        print("bandwidth (GB/s):", report["bandwidth_gbps"])
+    print(f"links at half speed: clean median {median:.2f} GB/s, tbf {rate_mbit} mbit, head->worker-1 / median "
+          f"{ratios}, verdicts {verdicts}")  # fmt: skip
+    assert all(0.3 < r < 0.6 for r in ratios), ratios  # the head really ran at about half speed
+    head = report["nodes"][0]  # rank 0's node, the throttled one
+    assert verdicts == [([{"node": head, "direction": "send"}], [])] * 3, verdicts
+    assert _docker_events_of(cluster.project) == []  # cluster up left no watcher behind
 
 
 def test_comm_across_containers(cluster) -> None:
@@ -95,3 +161,32 @@ def test_comm_across_containers(cluster) -> None:
     }
     assert all(r["wrong"] == 0 for r in report["results"])
     assert (cluster.results / "comm" / "cluster.png").stat().st_size > 20_000
+
+
+# The check's device health: 4 s of measuring (0.4 s samples, four CFS periods each); --timeout
+# covers the limited head's slow start (torch's import at a fraction of a core).
+CHECK_ARGS = "CHECK_ARGS=--device-seconds 4 --fail-below 0.25 --timeout 300"
+CPU_LIMIT = ["--cpus", "0.1", "--cpu-shares", "2"]
+CHECK_RUN = ["cluster-check", "NODES=3", "NPROC_PER_NODE=1", "MAX_RESTARTS=0", CHECK_ARGS]
+
+
+def test_check_names_the_cpu_limited_container_and_only_it(cluster) -> None:
+    clean = cluster.make(*CHECK_RUN)
+    assert clean.returncode == 0, explain(clean)
+    report = cluster.json("check.json")
+    health = report["device_health"]
+    assert health["slow"] == [] and health["below_fail"] == [], explain(clean)
+    assert "verdict: no slow device" in clean.stdout
+
+    def limit(head_id: str) -> None:
+        done = run(["docker", "update", *CPU_LIMIT, head_id], 60)
+        assert done.returncode == 0, explain(done)
+
+    limited = _with_running_head(cluster, CHECK_RUN, limit)
+    report = cluster.json("check.json")
+    head = f"{cluster.project}-head-1"
+    slow = report["device_health"]["slow"]
+    assert {(s["rank"], s["host"]) for s in slow} == {(0, head)}, explain(limited)
+    assert f"slow: rank 0 on {head} (cpu): " in limited.stdout and " against a median of " in limited.stdout
+    if report["device_health"]["below_fail"]:  # under 0.25 x the median: exit status 1, naming it
+        assert limited.returncode != 0 and "device_health on rank 0" in limited.stderr, explain(limited)

@@ -9,6 +9,8 @@
     links`` sees several nodes on one machine.
 --slow-sender R --delay S: rank R sleeps S seconds before each bandwidth transfer it sends, so its
     outgoing links are slow and the verdict must name it.
+--slow-device R: rank R's device-health measurement (``app check``) does each matrix product
+    and copy three times while counting it once, so its device reads at a third of its speed.
 """
 
 import argparse
@@ -17,7 +19,7 @@ import sys
 import time
 
 from app import cli
-from app.diagnostics import collectives, links
+from app.diagnostics import collectives, health, links
 from app.runtime import launcher
 
 
@@ -54,12 +56,27 @@ def _slow_sender(delay: float) -> None:
     links._Link._send = slow_send
 
 
+def _slow_device() -> None:
+    rate = health.rate
+
+    def slow_rate(step, work, device, budget_s):
+        def thrice():
+            step()
+            step()
+            return step()
+
+        return rate(thrice, work, device, budget_s)
+
+    health.rate = slow_rate
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--corrupt-rank", type=int)
     parser.add_argument("--ranks-per-host", type=int)
     parser.add_argument("--slow-sender", type=int)
     parser.add_argument("--delay", type=float, default=0.05)
+    parser.add_argument("--slow-device", type=int)
     args, rest = parser.parse_known_args(argv)
     rank = launcher.detect(need_master=False).rank
     if args.corrupt_rank is not None:
@@ -68,6 +85,8 @@ def main(argv: list[str]) -> int:
         _pose_as_hosts(args.ranks_per_host)
     if args.slow_sender == rank:
         _slow_sender(args.delay)
+    if args.slow_device == rank:
+        _slow_device()
     return cli.main(rest)
 
 

@@ -15,6 +15,7 @@ from tests.integration.launchers import (
     run_slurm_style,
     run_torchrun,
 )
+from tests.integration.train_runs import run_ranks
 
 pytestmark = pytest.mark.integration
 
@@ -29,6 +30,9 @@ def _assert_healthy(report: dict, world: int, launcher: str) -> None:
     assert sorted(r["rank"] for r in report["ranks"]) == list(range(world))
     assert [op["name"] for op in report["operations"] if op["ok"]] == [op["name"] for op in report["operations"]]
     assert len(report["operations"]) == 9
+    health = report["device_health"]
+    assert health["dtype"] == "float32" and health["median_flops"] > 0 and health["median_copy_gbps"] > 0
+    assert all(r["matmul_flops"] > 0 and r["copy_gbps"] > 0 and r["device_name"] == "cpu" for r in report["ranks"])
 
 
 def test_single_process(tmp_path) -> None:
@@ -145,3 +149,37 @@ def test_unreachable_master_fails_within_the_timeout() -> None:
         )
     assert done.returncode == 1
     assert f"could not reach the rendezvous at 127.0.0.1:{port}" in done.stderr
+
+
+# --- device health ------------------------------------------------------------------------------
+
+DEVICE_WORKER = "tests.integration.measure_worker"
+
+
+def test_a_slow_device_is_named_and_fails_below_the_fraction(tmp_path) -> None:
+    # 3 ranks on this machine's cores, rank 2's device reads at a third of its speed: the rule names it,
+    # and --fail-below 0.5 turns it into exit status 1 naming the rank.
+    args = ["--slow-device", "2", "check", "--device-seconds", "3", "--fail-below", "0.5"]
+    results = run_ranks(3, [*args, "--json", str(tmp_path / "c.json")], tmp_path, module=DEVICE_WORKER)
+    assert [r.returncode for r in results] == [1, 1, 1], results[0].stderr[-3000:]
+    report = _report(tmp_path / "c.json")
+    assert {(s["rank"], s["metric"]) for s in report["device_health"]["slow"]} >= {(2, "flops")}
+    assert {s["rank"] for s in report["device_health"]["slow"]} == {2}
+    assert "slow: rank 2 on " in results[0].stdout and " GFLOP/s against a median of " in results[0].stdout
+    errors = [line for line in results[0].stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "device_health on rank 2: rank 2 on " in errors[0], errors
+    assert "below 0.5 x the median" in errors[0]
+
+
+def test_the_same_worker_without_a_slow_device_names_none(tmp_path) -> None:
+    args = ["check", "--device-seconds", "3", "--json", str(tmp_path / "c.json")]
+    results = run_ranks(3, args, tmp_path, module=DEVICE_WORKER)
+    assert [r.returncode for r in results] == [0, 0, 0], results[0].stderr[-3000:]
+    assert _report(tmp_path / "c.json")["device_health"]["slow"] == []
+    assert "verdict: no slow device" in results[0].stdout
+
+
+def test_fail_below_must_be_a_fraction() -> None:
+    done = run_single(["check", "--fail-below", "2"], timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "--fail-below 2.0 must be a fraction of the median in (0, 1], e.g. 0.5" in done.stderr

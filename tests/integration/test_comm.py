@@ -81,6 +81,16 @@ def test_half_precision_sums_are_exact(tmp_path, dtype: str) -> None:
     assert report["ok"] and {r["type"] for r in report["results"]} == {"bfloat16" if dtype == "bf16" else "half"}
 
 
+def test_one_rank_says_nothing_crosses_a_link_and_prints_no_busbw(tmp_path) -> None:
+    done = run_single(["comm", *QUICK, "--json", str(tmp_path / "c.json")])
+    assert done.returncode == 0, done.stderr[-3000:]
+    notes = [line for line in done.stdout.splitlines() if "nothing crosses a link" in line]
+    assert len(notes) == 1 and "start 2 or more ranks" in notes[0]
+    assert "busbw" not in done.stdout and "# all_reduce" not in done.stdout
+    report = json.loads((tmp_path / "c.json").read_text())
+    assert report["results"] == [] and report["summary"] == {} and report["note"] in notes[0]
+
+
 def test_gloo_refuses_fp8_in_one_line() -> None:
     done = run_single(["comm", "--dtype", "fp8", "--max-bytes", "1K"])
     assert done.returncode == 2

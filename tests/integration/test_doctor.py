@@ -5,6 +5,7 @@ import socket
 
 import pytest
 
+from app.diagnostics import gpus
 from tests.integration.launchers import closed_port, one_error_line, run_mpirun, run_single, run_torchrun
 
 pytestmark = pytest.mark.integration
@@ -32,6 +33,7 @@ def test_torchrun_two_ranks_pass_and_rank_0_prints_the_table(tmp_path) -> None:
         "interface": "skipped",
         "host_name": "skipped",
         "port": "ok",
+        **dict.fromkeys(gpus.CHECKS, "skipped"),  # no GPU here (their rules: tests/unit/test_gpus.py)
         "same_master": "ok",
     }
     assert "torchrun's agent" in next(c["detail"] for c in report["checks"] if c["check"] == "port")

@@ -7,6 +7,7 @@ The fault hooks are the fault suite's test job (cluster/faults/fault_job.py).
 """
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -38,26 +39,34 @@ def start_ranks(nproc: int, hooks: list[str], train_args: list[str], tmp_path: P
     return procs
 
 
-@pytest.mark.parametrize("stalled", [2, 0])
-def test_the_ranks_that_still_answer_name_the_one_that_stopped(tmp_path, stalled):
-    out = tmp_path / "out"
-    hooks = ["--marker", str(tmp_path / "fault.json"), "--fault-at-step", "6", "--fault-rank", str(stalled), "--stall"]
-    train_args = synthetic(out, "--train-samples", "512", "--epochs", "1", "--batch-size", "8")
+def answers_of_the_others(faulty: int, hooks: list[str], tmp_path: Path) -> list[str]:
+    """3 ranks of a small synthetic run with --timeout COLLECTIVE_TIMEOUT, rank ``faulty`` hooked: the causes of
+    the one-line errors that the other ranks end with (each exits 1); every rank is killed at the end."""
+    train_args = synthetic(tmp_path / "out", "--train-samples", "512", "--epochs", "1", "--batch-size", "8")
+    hooks = ["--marker", str(tmp_path / "fault.json"), "--fault-at-step", "6", "--fault-rank", str(faulty), *hooks]
     procs = start_ranks(3, hooks, [*train_args, "--timeout", str(COLLECTIVE_TIMEOUT)], tmp_path)
     try:
-        answering = [p for rank, p in enumerate(procs) if rank != stalled]
+        answering = [p for rank, p in enumerate(procs) if rank != faulty]
         results = [p.communicate(timeout=TIMEOUT) for p in answering]
     finally:
         for p in procs:
             p.send_signal(signal.SIGKILL)
             p.wait()
-    assert json.loads((tmp_path / "fault.json").read_text())["step"] == 6
-    host = socket.gethostname()
+    causes = []
     for proc, (_stdout, stderr) in zip(answering, results, strict=True):
         assert proc.returncode == 1, stderr[-3000:]
         line = ERROR_LINE.match(stderr.splitlines()[-1])
         assert line, stderr[-3000:]
-        cause = line["cause"]
+        causes.append(line["cause"])
+    return causes
+
+
+@pytest.mark.parametrize("stalled", [2, 0])
+def test_the_ranks_that_still_answer_name_the_one_that_stopped(tmp_path, stalled):
+    causes = answers_of_the_others(stalled, ["--stall"], tmp_path)
+    assert json.loads((tmp_path / "fault.json").read_text())["step"] == 6
+    host = socket.gethostname()
+    for cause in causes:
         assert cause.startswith(f"rank {stalled} on {host} stopped answering: the gradient all-reduce of step 7 "), (
             cause
         )
@@ -79,3 +88,20 @@ def test_the_slowest_rank_is_named_in_metrics_and_on_the_console(tmp_path, slow)
     assert all(m["busy_ms"][slow] > m["busy_ms"][1 - slow] + 20 for m in ranks), ranks
     said = [line for line in results[0][0].splitlines() if "(a straggler)" in line]
     assert len(said) == 1 and said[0].startswith(f"train: rank {slow} on "), results[0][0][-3000:]
+
+
+@pytest.mark.parametrize("hung", [1, 0])
+def test_the_flight_recorder_names_the_collective_and_the_line_a_hung_rank_is_at(tmp_path, hung):
+    """A rank sleeps inside a step past --timeout: the others' line names the collective it never joined, its
+    sequence number, the rank and host, and the hook's line (torch's flight recorder, read by torch's analysis)."""
+    causes = answers_of_the_others(hung, ["--hang-s", str(4 * COLLECTIVE_TIMEOUT)], tmp_path)
+    line_no = next(i for i, text in enumerate(JOB.read_text().splitlines(), 1) if "HANG_LINE" in text)
+    host = socket.gethostname()
+    for cause in causes:
+        assert cause.startswith(f"rank {hung} on {host} stopped answering: the gradient all-reduce of step 7 "), cause
+        found = re.search(r"flight recorder: gloo:all_reduce #(\d+) \(sequence number\) of group (\S+) was never "
+                          r"joined by rank (\d+) on (\S+) at (\S+):(\d+) in (\w+); dumps in (\S+)", cause)  # fmt: skip
+        assert found, cause
+        assert found[3] == str(hung) and found[4] == host and int(found[1]) > 6, cause
+        assert (found[5], int(found[6]), found[7]) == ("cluster/faults/fault_job.py", line_no, "hook"), cause
+        assert Path(found[8]) == tmp_path / "out" / "flight"

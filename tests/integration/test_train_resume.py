@@ -1,6 +1,7 @@
 """DDP proof 3: a job that dies after step s and is restarted by torchrun ends exactly where an
 uninterrupted one does (model, optimizer, sampler position and RNG all come back)."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,22 @@ def test_resume_is_exact_with_four_ranks(tmp_path) -> None:
     assert all(torch.equal(want[name], got[name]) for name in want), {
         name: float((want[name] - got[name]).abs().max()) for name in want
     }
+
+
+def test_a_finished_job_run_again_says_so_and_keeps_its_summary(tmp_path) -> None:
+    """``make cluster-up`` twice: the second run has nothing to train; it must not overwrite the first's figures."""
+    out = tmp_path / "out"
+    args = synthetic(out, *COMMON)
+    train(2, args, tmp_path)
+    first = (out / "summary.json").read_text()
+    assert json.loads(first)["samples_per_s"] > 0
+    again = train(2, [*args, "--resume", "auto"], tmp_path)
+    assert (out / "summary.json").read_text() == first
+    accuracy = json.loads(first)["test_accuracy"]
+    assert again.stdout.splitlines() == [
+        f"train: nothing left to do: {out} finished at step 16 (2 epochs; test accuracy {accuracy:.4f}); its "
+        "summary.json is kept: give more --epochs or --max-steps to train on, or another --out to start afresh"
+    ], again.stdout
+    more = train(2, [*args, "--resume", "auto", "--epochs", "3"], tmp_path)
+    assert "nothing left to do" not in more.stdout  # the negative control: with more to do, it trains
+    assert json.loads((out / "summary.json").read_text())["step"] == 24

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from app.runtime.distributed import dist_config_from_args
+from app import flags
+from app.runtime.distributed import DistConfig
 from app.train.main import add_arguments, config_from_args, train
 from app.train.trainer import Trainer
 
@@ -49,7 +50,7 @@ def main(argv: list[str]) -> int:
         if args.crash_at_step:
             trainer.step_hooks.append(crash)
 
-    summary = train(config_from_args(args), dist_config_from_args(args), prepare=prepare)
+    summary = train(config_from_args(args), flags.from_args(DistConfig, args), prepare=prepare)
     if args.counts:
         args.counts.mkdir(parents=True, exist_ok=True)
         rank = calls.pop("rank")

@@ -8,6 +8,7 @@ import pytest
 from app.diagnostics import doctor
 from app.errors import ClusterError, UsageError
 from app.runtime import network
+from app.runtime.devices import NodeDevices
 from app.runtime.distributed import DistConfig
 from app.runtime.launcher import detect
 
@@ -141,7 +142,8 @@ def test_preflight_exports_the_chosen_interface(monkeypatch) -> None:
     net = doctor.Network(
         resolve=lambda host, timeout: ["10.0.0.2"], interfaces=lambda: FAKE_HOST, default_route_interface=lambda: "eth0"
     )
-    diag = doctor.preflight(proc, DistConfig(init_method="file:///shared/rdzv"), announce=False, net=net)
+    cpu = NodeDevices(cuda=False, count=0)  # the GPU checks have their own tests (test_gpus.py)
+    diag = doctor.preflight(proc, DistConfig(init_method="file:///shared/rdzv"), announce=False, net=net, found=cpu)
     assert (diag.ifname, exported) == ("eth0", ["eth0"])
     assert _status(diag) == {
         "world": "ok",
@@ -149,6 +151,10 @@ def test_preflight_exports_the_chosen_interface(monkeypatch) -> None:
         "interface": "ok",
         "host_name": "ok",
         "port": "skipped",
+        "gpus": "skipped",
+        "shm": "skipped",
+        "cuda": "skipped",
+        "nccl": "skipped",
     }
 
 

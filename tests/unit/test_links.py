@@ -1,6 +1,7 @@
 """``app links``' schedule and verdict: round-robin pairing, the outlier rule, --fail-below, flags."""
 
 import itertools
+import random
 
 import pytest
 
@@ -127,3 +128,30 @@ def test_bad_flag_is_one_line(capsys, args: list[str], message: str) -> None:
 def test_one_node_is_a_usage_error(capsys) -> None:
     # A single process is one node: there is no link to measure.
     assert "links needs 2 or more nodes" in usage_error(capsys, "links")
+
+
+@pytest.mark.parametrize("n", [3, 4, 6])
+def test_a_node_at_half_speed_gets_the_same_verdict_every_time(n: int) -> None:
+    """The container run that gave three verdicts (the node, one link, nothing): one node's sends at 0.44-0.58 of
+    the median, every link +-8 % of noise; 300 draws must all name the node, and only it."""
+    rng = random.Random(17)
+    verdicts = set()
+    for _ in range(300):
+        m = _matrix(n)
+        for i, j in itertools.permutations(range(n), 2):
+            m[i][j] = 1.5 * rng.uniform(0.92, 1.08) * (rng.uniform(0.44, 0.58) if i == 0 else 1.0)
+        v = judge(m, k=3)
+        verdicts.add((tuple(v.slow_nodes), tuple(v.slow_links)))
+    assert verdicts == {(((0, "send"),), ())}
+
+
+@pytest.mark.parametrize("n", [3, 4, 6])
+def test_noise_and_a_node_at_four_fifths_name_nothing(n: int) -> None:
+    """The negative control of the half-speed rule: +-8 % noise and one node at 0.8 never name anything."""
+    rng = random.Random(5)
+    for _ in range(300):
+        m = _matrix(n)
+        for i, j in itertools.permutations(range(n), 2):
+            m[i][j] = 1.5 * rng.uniform(0.92, 1.08) * (0.8 if i == 0 else 1.0)
+        v = judge(m, k=3)
+        assert v.slow_nodes == [] and v.slow_links == [], m

@@ -64,3 +64,24 @@ def test_a_full_disk_under_the_log_still_gets_the_line_out(tmp_path, capsys) -> 
         except RuntimeError as error:
             assert log.fail("could not write checkpoint x (No space left on device)", 1, error) == 1
     assert capsys.readouterr().err.splitlines()[-1].startswith("error: could not write checkpoint x")
+
+
+def test_a_quiet_run_keeps_the_earlier_runs_lines(tmp_path) -> None:
+    """A clean run after a failure must not erase the failure's traceback (the error line pointed to it)."""
+    with logs.RunLog("train", tmp_path) as log:
+        log.fail("the collective failed", 1, RuntimeError("the earlier failure"))
+    before = (tmp_path / "train.log").read_text()
+    assert "RuntimeError: the earlier failure" in before
+    with logs.RunLog("train", tmp_path):
+        pass  # a clean run: writes nothing
+    assert (tmp_path / "train.log").read_text() == before
+
+
+def test_lines_another_process_appends_count_as_written(tmp_path, capsys) -> None:
+    """app cluster's runner writes the nodes' output into the command's log through its own handle."""
+    with logs.RunLog("cluster", tmp_path) as log:
+        with open(log.path, "a", encoding="utf-8") as other:
+            other.write("head: a node's line\n")
+        log.fail("the job failed", 1)
+    assert f"[exit 1; log {tmp_path / 'cluster.log'}]" in capsys.readouterr().err
+    assert "head: a node's line" in (tmp_path / "cluster.log").read_text()

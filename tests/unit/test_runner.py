@@ -3,6 +3,12 @@
 each failure (and each restart) as one line. Docker is not asked: the containers' host names are
 given, and ``docker stop`` is recorded."""
 
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
 import pytest
 
 from app.orchestrate import runner
@@ -185,3 +191,80 @@ def test_node_ranks_follow_c10d_order(run):
     assert run.node_ranks("demo-head-1") == [0, 1]
     assert run.node_ranks("demo-worker-1") == [2, 3]
     assert run.rank_name("worker-1", 1) == "rank 3 (local rank 1 on demo-worker-1)"
+
+
+def _docker_events_of(project: str) -> list[int]:
+    """Pids of ``docker events`` processes that watch ``project`` (any parent: a leaked one is reparented to 1)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[1:2] == [b"events"] and f"label=com.docker.compose.project={project}".encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="needs the docker CLI")
+def test_the_node_watcher_ends_with_the_job_and_leaves_no_docker_events(tmp_path):
+    """The watcher blocks reading ``docker events`` (no container of this project dies): stop must end it."""
+    project = f"nowatch-{os.getpid()}"
+    job = runner.Run(build({"job": {"name": project}}), tmp_path / "x.env", tmp_path / "x.log")
+    stop = threading.Event()
+    watcher = threading.Thread(target=runner._watch_nodes, args=(job, stop), daemon=True)
+    watcher.start()
+    deadline = time.monotonic() + 30
+    while not _docker_events_of(project) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _docker_events_of(project), "the watcher did not start docker events"  # the negative control
+    stop.set()  # what cluster up does when rank 0's node has ended
+    watcher.join(timeout=20)
+    left = _docker_events_of(project)
+    for pid in left:  # a leak found: clean up after the failed test
+        os.kill(pid, 9)
+    assert not watcher.is_alive() and not left
+
+
+def _attempt(run, node: str, rank: int, local_rank: int, message: str) -> Filter:
+    """One attempt of a user script that raises on one rank: its traceback, then torchrun's report."""
+    filt = Filter()
+    lines = [
+        f"[rank{rank}]: Traceback (most recent call last):",
+        f'[rank{rank}]:   File "/job/script.py", line 9, in <module>',
+        f'[rank{rank}]:     raise RuntimeError("{message}")',
+        f"[rank{rank}]: RuntimeError: {message}",
+        f"E1122 12:15:03.098000 7 api.py:1002] failed (exitcode: 1) local_rank: {local_rank} (pid: 40) of binary: x",
+    ]
+    for line in lines:
+        run.take(node, filt, line)
+        run.observe(node, line)
+    return filt
+
+
+def test_the_final_line_names_the_rank_and_node_that_raised(run):
+    filt = _attempt(run, "demo-head-1", 1, 1, "boom")
+    assert runner._failure(run, 1, filt) == "rank 1 on demo-head-1: RuntimeError: boom"
+    other = _attempt(run, "worker-1", 3, 1, "boom")  # a worker's rank, read from its own output
+    assert run.raised == {} and run.failed_before[3] == "RuntimeError: boom"
+    assert other.cause_rank == 3 and run.where(3) == "rank 3 on demo-worker-1"
+
+
+def test_a_failure_that_repeats_on_the_next_attempt_stops_the_restarts(run, capsys):
+    _attempt(run, "demo-head-1", 1, 1, "boom")
+    assert run.gave_up is None  # once may be chance
+    filt = _attempt(run, "demo-head-1", 1, 1, "boom")
+    assert run.docker_calls == [("stop", "--time", "10", "demo-head-1")]
+    assert runner._failure(run, 143, filt) == (
+        "not restarted: rank 1 on demo-head-1 failed the same way on two attempts in a row (RuntimeError: boom): a "
+        "restart cannot cure it; fix the script, then run the job again; the job was stopped"
+    )
+
+
+def test_different_failures_or_a_lost_container_keep_the_restarts(run):
+    _attempt(run, "demo-head-1", 1, 1, "boom at step 3")
+    _attempt(run, "demo-head-1", 1, 1, "boom at step 7")  # another failure: restarted
+    assert run.gave_up is None
+    run.failure(runner.CONTAINER, "demo-worker-1 (ranks 2-3) stopped with signal 9 (SIGKILL)")
+    _attempt(run, "demo-head-1", 1, 1, "boom at step 7")  # the same, but a container was lost: not the script's
+    assert run.gave_up is None

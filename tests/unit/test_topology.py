@@ -30,6 +30,8 @@ def test_env_file_names_master_and_sizes() -> None:
         "NPROC_PER_NODE=2",
         "GLOO_SOCKET_IFNAME=eth0",
         "NCCL_SOCKET_IFNAME=eth0",
+        "TORCH_FR_BUFFER_SIZE=2000",  # torch's flight recorder, on for every launcher
+        "TORCH_NCCL_DUMP_ON_TIMEOUT=1",
     ]
 
 
@@ -220,3 +222,19 @@ def test_the_readme_documents_every_spec_key_as_the_code_defines_it() -> None:
     table = _topology_cli("--format", "doc").stdout
     assert table.count("\n") > 15
     assert table in readme, "docs/engines.md's spec table is stale: run make readme-spec"
+
+
+def test_every_rendered_launcher_turns_the_flight_recorder_on() -> None:
+    """compose and Ansible (the env file), mpirun (-x), Slurm (export) and Kubernetes (env) all carry it."""
+    from app.runtime import envvars
+    from app.topology import kube, slurm
+
+    wanted = [f"{k}={v}" for k, v in envvars.FLIGHT_RECORDER.items()]
+    env = render.render_env(TWO_BY_TWO, HOSTS).splitlines()
+    mpirun = render.mpirun_args(TWO_BY_TWO, HOSTS)
+    sbatch = slurm.render_script(build({"nodes": {"nodes": 2}}))
+    manifests = kube.render_k8s(build({})) + kube.render_pytorchjob(build({}))
+    for key, value in envvars.FLIGHT_RECORDER.items():
+        assert f"{key}={value}" in env and f"{key}={value}" in mpirun and f"export {key}={value}" in sbatch
+        assert manifests.count(f'"{key}"') >= 3  # the indexed job's pod, the PyTorchJob's master and worker
+    assert wanted

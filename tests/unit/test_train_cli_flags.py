@@ -1,5 +1,5 @@
-"""The flags of ``app train`` and ``app bench`` are the config's fields: one flag per field, its
-default the field's default, its help the docstring under it, one --help group per section."""
+"""The flags of every command are its configs' fields: one flag per field, its default the field's
+default, its help the docstring under it, one --help group per section (``app.flags``)."""
 
 import argparse
 from dataclasses import MISSING, fields
@@ -7,13 +7,16 @@ from dataclasses import MISSING, fields
 import pytest
 
 from app.cli import build_parser
-from app.flags import docstrings, from_args, option
+from app.diagnostics.check import CheckConfig
+from app.diagnostics.comm import CommConfig
+from app.diagnostics.doctor import DoctorConfig
+from app.diagnostics.links import LinksConfig
+from app.flags import FLAG, docstrings, from_args, option, option_of
+from app.runtime.distributed import DistConfig
 from app.train.bench import BenchConfig
 from app.train.config import SECTIONS, SpeedConfig, TrainConfig
 from app.train.main import config_from_args
 
-PROCESS_GROUP = {"backend", "timeout", "ifname", "init_method"}
-"""app.runtime.distributed's flags, shared with app check."""
 EVERY_COMMAND = {"log_dir", "verbose"}
 """app.logs' flags, which every command has."""
 
@@ -26,26 +29,40 @@ def _action(parser: argparse.ArgumentParser, name: str) -> argparse.Action:
     return parser._option_string_actions[option(name)]
 
 
+def _field_action(parser: argparse.ArgumentParser, f) -> argparse.Action:
+    return parser._option_string_actions[option_of(f)]
+
+
 def _group_of(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
     return next(g.title for g in parser._action_groups if action in g._group_actions)
 
 
 @pytest.mark.parametrize(
-    ("command", "sections"), [("train", list(SECTIONS.values())), ("bench", [BenchConfig, SpeedConfig])]
+    ("command", "sections"),
+    [
+        ("train", [*SECTIONS.values(), DistConfig]),
+        ("bench", [BenchConfig, SpeedConfig, DistConfig]),
+        ("check", [CheckConfig, DistConfig]),
+        ("comm", [CommConfig, DistConfig]),
+        ("doctor", [DoctorConfig, DistConfig]),
+        ("links", [LinksConfig, DistConfig]),
+    ],
 )
 def test_every_field_is_a_flag_with_its_default_and_docstring(command: str, sections: list[type]) -> None:
     parser, _ = build_parser(command)
     for section in sections:
         title = section.__doc__.splitlines()[0].rstrip(".")
         for f in fields(section):
-            action = _action(parser, f.name)
+            action = _field_action(parser, f)
             default = f.default if f.default is not MISSING else f.default_factory()
-            assert action.default == default, f.name
+            repeated = f.metadata.get(FLAG, {}).get("repeat")  # absent until given: the field's default then
+            assert action.default == (argparse.SUPPRESS if repeated else default), f.name
             assert docstrings(section)[f.name] and action.help.startswith(docstrings(section)[f.name]), f.name
             assert _group_of(parser, action) == title, f.name
-    # Nothing else: every other flag is the process group's (app.runtime.distributed).
+            assert from_args(section, parser.parse_args([])) == section(), section
+    # Nothing else: no flag written by hand beside the configs' (app.logs' are every command's).
     generated = {f.name for section in sections for f in fields(section)}
-    assert _destinations(parser) == generated | PROCESS_GROUP | EVERY_COMMAND
+    assert _destinations(parser) == generated | EVERY_COMMAND
 
 
 def test_no_flags_give_the_default_config() -> None:

@@ -2,6 +2,7 @@
 all-reduce), the scaling law fitted to it and what it predicts for more ranks.
 
     python -m app scale                                    # starts 4 local ranks itself, measures N = 1, 2, 4
+                                                           # 2 or more GPUs: one rank per GPU, N = 1, 2, 4...
     python -m app scale --world-sizes 1,2 --json scale.json --plot scale.png
     python -m app scale --sweep --world-sizes 1,2          # every --comm-hook x --sweep-buckets, and --compile
     torchrun --standalone --nproc-per-node 4 -m app scale  # under any launcher: N = 1, 2, 4, ... up to its ranks
@@ -56,14 +57,13 @@ from app.atomic import atomic_write_text
 from app.errors import UsageError
 from app.flags import flag
 from app.runtime.distributed import (
+    DistConfig,
     DistContext,
-    add_dist_arguments,
-    dist_config_from_args,
     first_ranks,
     process_group,
     this_process,
 )
-from app.runtime.relaunch import relaunch
+from app.runtime.relaunch import local_gpus, relaunch
 from app.train import flops, models, precision
 from app.train.config import (
     COMM_HOOKS,
@@ -84,7 +84,7 @@ from app.train.trainer import Trainer
 
 DATASETS = ("synthetic", "digits")
 STANDALONE_SIZES = (1, 2, 4)
-"""--world-sizes when started as one process."""
+"""--world-sizes when started as one process on a machine with fewer than 2 GPUs."""
 BARE_FRACTIONS = (64, 8, 1)
 """The bare all-reduce's sizes: S divided by these."""
 
@@ -121,7 +121,11 @@ class ScaleConfig:
 
     world_sizes: tuple[int, ...] | None = field(
         default=None,
-        metadata=flag(parse=parse_sizes, show="1,2,4; under a launcher 1,2,4,... up to its ranks", metavar="N,N,..."),
+        metadata=flag(
+            parse=parse_sizes,
+            show="1,2,4 (2+ GPUs: 1,2,4,... up to them); under a launcher 1,2,4,... up to its ranks",
+            metavar="N,N,...",
+        ),
     )
     """World sizes to measure, with 1; comma-separated."""
     dataset: str = field(default="synthetic", metadata=flag(metavar="NAME"))
@@ -174,7 +178,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         flags.add_arguments(parser, section)
     flags.add_arguments(parser, StepsConfig, exclude=EXCLUDED_STEPS)
     flags.add_arguments(parser, SpeedConfig)
-    add_dist_arguments(parser)
+    flags.add_arguments(parser, DistConfig)
 
 
 def train_config(scale: ScaleConfig, args: argparse.Namespace) -> TrainConfig:
@@ -332,7 +336,7 @@ def _speed_of_light(cfg: TrainConfig, ctx: DistContext) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     """Relaunch under torchrun when alone, else measure on these ranks; rank 0 reports."""
-    scale, dist_cfg = flags.from_args(ScaleConfig, args), dist_config_from_args(args)
+    scale, dist_cfg = flags.from_args(ScaleConfig, args), flags.from_args(DistConfig, args)
     if scale.print_schema:
         print(json.dumps(scale_report.SCHEMA, indent=2))
         return 0
@@ -343,7 +347,8 @@ def run(args: argparse.Namespace) -> int:
         return _show(scale_report.read(scale.from_json), scale)
     proc = this_process(dist_cfg)
     if proc.world_size == 1:
-        sizes = scale.world_sizes or STANDALONE_SIZES
+        gpus = local_gpus()
+        sizes = scale.world_sizes or (default_sizes(gpus) if gpus >= 2 else STANDALONE_SIZES)
         return relaunch("scale", max(sizes), args.argv, scale.launch_timeout)
     sizes = scale.world_sizes or default_sizes(proc.world_size)
     if max(sizes) > proc.world_size:

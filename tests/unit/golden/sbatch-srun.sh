@@ -11,6 +11,8 @@
 #SBATCH --no-requeue
 set -euo pipefail
 export OMP_NUM_THREADS=1
+export TORCH_FR_BUFFER_SIZE=2000
+export TORCH_NCCL_DUMP_ON_TIMEOUT=1
 export GLOO_SOCKET_IFNAME=ib0
 export NCCL_SOCKET_IFNAME=ib0
 export MASTER_PORT=29400

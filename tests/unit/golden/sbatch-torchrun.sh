@@ -15,6 +15,8 @@
 #SBATCH --open-mode=append
 set -euo pipefail
 export OMP_NUM_THREADS=6
+export TORCH_FR_BUFFER_SIZE=2000
+export TORCH_NCCL_DUMP_ON_TIMEOUT=1
 mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 head="${nodes[0]}"
 port=$((20000 + SLURM_JOB_ID % 10000))

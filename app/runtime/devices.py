@@ -1,0 +1,91 @@
+"""This node's GPUs as torch sees them: the facts that the backend rule and the doctor judge.
+
+    found = devices.probe()      # NodeDevices(cuda=True, count=8, torch_cuda="13.0", driver_cuda="13.0", ...)
+    devices.describe(0)          # ("NVIDIA H100 80GB HBM3", 85_520_809_984)
+
+Nothing here reads the environment: CUDA_VISIBLE_DEVICES acts through torch's own count. Tests
+inject other facts by giving the rules a NodeDevices of their own, or, in a worker process of their
+own, by replacing torch.cuda.is_available and torch.cuda.device_count.
+"""
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SHM = Path("/dev/shm")
+"""Where NCCL's shared-memory transport puts its segments."""
+
+
+@dataclass(frozen=True)
+class NodeDevices:
+    """The GPU side of one node."""
+
+    cuda: bool
+    """torch can use CUDA here."""
+    count: int
+    """GPUs visible to this process (0 without CUDA)."""
+    torch_cuda: str | None = None
+    """The CUDA version torch was built with, e.g. 13.0 (None: a CPU build)."""
+    driver_cuda: str | None = None
+    """The newest CUDA version the driver supports, e.g. 13.0 (None: no driver)."""
+    nccl: str | None = None
+    """The NCCL version torch carries, e.g. 2.28.9 (None: none)."""
+    shm_bytes: int | None = None
+    """Size of /dev/shm (None: not mounted)."""
+
+
+def _cuda_version(number: int) -> str:
+    """12040 -> 12.4 (CUDA's encoding: 1000 x major + 10 x minor)."""
+    return f"{number // 1000}.{number % 1000 // 10}"
+
+
+def _driver_cuda() -> str | None:
+    getter = getattr(torch._C, "_cuda_getDriverVersion", None)
+    if getter is None:
+        return None
+    try:
+        number = int(getter())
+    except RuntimeError:  # no driver loaded
+        return None
+    return _cuda_version(number) if number > 0 else None
+
+
+def _nccl() -> str | None:
+    try:
+        found = torch.cuda.nccl.version()
+    except (AttributeError, RuntimeError):
+        return None
+    return ".".join(map(str, found)) if isinstance(found, tuple) else str(found)
+
+
+def shm_bytes(path: Path = SHM) -> int | None:
+    """Size of the file system at ``path``, or None when it does not exist."""
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return None
+    return stat.f_frsize * stat.f_blocks
+
+
+def probe() -> NodeDevices:
+    """This node's facts, in well under a second (no CUDA context is created)."""
+    cuda = torch.cuda.is_available()
+    return NodeDevices(
+        cuda=cuda,
+        count=torch.cuda.device_count() if cuda else 0,
+        torch_cuda=torch.version.cuda,
+        driver_cuda=_driver_cuda() if cuda else None,
+        nccl=_nccl() if cuda else None,
+        shm_bytes=shm_bytes(),
+    )
+
+
+def describe(device: torch.device) -> tuple[str, int]:
+    """(name, memory in bytes) of a device: the GPU's, or the CPU's (total RAM)."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return props.name, props.total_memory
+    pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    return "cpu", pages * size

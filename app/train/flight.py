@@ -1,0 +1,170 @@
+"""Where each rank was when a collective timed out: torch's flight recorder, dumped by every rank, read
+with torch's own analysis (``torch.distributed.flight_recorder``, the library of ``fr_trace``).
+
+    torchrun ... -m app train --out runs/x --timeout 60         # dumps in runs/x/flight/ after a hang
+    python -m torch.distributed.flight_recorder.fr_trace runs/x/flight --prefix fr-rank --allow-incomplete-ranks
+
+The launchers the project renders set TORCH_FR_BUFFER_SIZE (``app train`` run alone sets it too:
+``launcher.record_collectives``), so torch records each rank's last collectives with the Python
+stack that called them. NCCL dumps its recorder by itself on a timeout (TORCH_NCCL_DUMP_ON_TIMEOUT);
+gloo's collectives go to torch's CPU recorder, which torch 2.13 never dumps by itself, so each rank
+watches its own progress: a rank that has been in one stage of a step (``Watch.doing``) longer than
+--timeout writes its recorder (``fr-rank<R>``, the file name torch's analysis reads) and its main
+thread's Python stack (``stack-<R>.json``) into the dump folder, once per stage. The rank that never
+reached the collective dumps too, while it is still where it hangs.
+
+After a failed collective, rank 0's roll call (``Watch.explain``) adds what the dumps say: the first
+collective that not every rank joined, its sequence number, the ranks missing from it with their
+hosts, and the line each of those ranks was at (its innermost frame outside torch and Python).
+
+torch 2.13's CPU recorder names the default group '' in its pg_config while its entries name it
+'0': torch's analysis then fails (KeyError) on gloo dumps; ``_name_groups`` fills in the name.
+"""
+
+import json
+import pickle
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from torch._C._distributed_c10d import _dump_fr_trace
+
+from app.atomic import atomic_write_text
+
+POLL_S = 0.5
+"""How often a rank's watcher looks at its own progress."""
+READ_GRACE_S = 3.0
+"""Seconds rank 0 waits for the other ranks' dumps before it reads them."""
+
+
+class Recorder:
+    """One rank's watcher: dumps the flight recorder and the main thread's stack when a stage runs too long."""
+
+    def __init__(self, prefix: Path, rank: int, timeout_s: float, stage, trace: bool = True) -> None:
+        """prefix: the dump files' path less the rank; stage: returns (name, since) of what the rank is doing;
+        trace: write the CPU recorder (gloo) too; False under NCCL, whose watchdog dumps its own there."""
+        self.prefix, self.rank, self.timeout_s, self.stage, self.trace = prefix, rank, timeout_s, stage, trace
+        self.main = threading.main_thread().ident
+        self._stop = threading.Event()
+        self._dumped: object = None
+        self._thread = threading.Thread(target=self._watch, name="flight-recorder", daemon=True)
+
+    def __enter__(self) -> "Recorder":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(POLL_S):
+            stage = self.stage()
+            if stage != self._dumped and time.monotonic() - stage[1] > self.timeout_s:
+                self._dumped = stage
+                self.dump(stage[0])
+
+    def dump(self, doing: str) -> None:
+        """Write this rank's recorder and its main thread's stack (the folder is made if needed)."""
+        self.prefix.parent.mkdir(parents=True, exist_ok=True)
+        if self.trace:
+            path = Path(f"{self.prefix}{self.rank}")
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_bytes(_dump_fr_trace(includeCollectives=True, includeStackTraces=True, onlyActive=False))
+            tmp.replace(path)
+        frame = sys._current_frames().get(self.main)
+        frames = [{"file": f.filename, "line": f.lineno, "name": f.name} for f in traceback.extract_stack(frame)]
+        stack = {"rank": self.rank, "doing": doing, "time": time.time(), "frames": frames}
+        atomic_write_text(stack_path(self.prefix, self.rank), json.dumps(stack) + "\n")
+
+
+def stack_path(prefix: Path, rank: int) -> Path:
+    return prefix.parent / f"stack-{rank}.json"
+
+
+def _name_groups(details: dict) -> None:
+    """Give the CPU recorder's unnamed group (pg_config '') the name its entries use (torch 2.13, gloo)."""
+    for dump in details.values():
+        names = {tuple(entry["process_group"]) for entry in dump["entries"]}
+        if "" in dump["pg_config"] and len(names) == 1:
+            ((name, desc),) = names
+            dump["pg_config"][name] = {**dump["pg_config"].pop(""), "name": name, "desc": desc}
+
+
+def user_frame(frames: list[dict]) -> dict | None:
+    """The innermost frame outside torch, the standard library and this module: the line the rank was at."""
+    lib = Path(json.__file__).parent.parent  # the standard library's folder
+    for frame in reversed(frames):
+        file = frame.get("file") or frame.get("filename", "")
+        if "/torch/" in file or (file.startswith(str(lib) + "/") and "site-packages" not in file):
+            continue
+        if file == __file__:
+            continue
+        return frame
+    return None
+
+
+def _where(prefix: Path, rank: int) -> str:
+    """``at cluster/faults/fault_job.py:95 in hook`` from the rank's stack dump, or why not."""
+    try:
+        stack = json.loads(stack_path(prefix, rank).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "no stack dump"
+    frame = user_frame(stack["frames"])
+    if frame is None:
+        return f"in torch ({stack['doing']})"
+    return f"at {_short(frame['file'])}:{frame['line']} in {frame['name']}"
+
+
+def _short(file: str) -> str:
+    """A path from the checkout's root (``app/...``, ``cluster/...``) where it is inside it."""
+    parts = Path(file).parts
+    for root in ("app", "cluster", "tests"):
+        if root in parts:
+            return str(Path(*parts[parts.index(root) :]))
+    return file
+
+
+def read(prefix: Path, world: int, hosts: list[str], wait_s: float = READ_GRACE_S) -> str | None:
+    """What the dumps say, in words (None: no dump, or every collective was joined by every rank)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and not all(Path(f"{prefix}{r}").exists() for r in range(world)):
+        time.sleep(0.2)
+    if not any(Path(f"{prefix}{r}").exists() for r in range(world)):
+        return None
+    collective = _first_unjoined(prefix)
+    if collective is None:
+        return None
+    missing = sorted(collective.missing_ranks)
+    where = "; ".join(f"rank {r} on {hosts[r] if r < len(hosts) else '?'} {_where(prefix, r)}" for r in missing)
+    return (
+        f"flight recorder: {collective.collective_name} #{collective.collective_seq_id} (sequence number) of group "
+        f"{collective.pg_desc} was never joined by {where}; dumps in {prefix.parent}"
+    )
+
+
+def _first_unjoined(prefix: Path):
+    """torch's analysis of the dumps: the first collective with missing ranks, or None."""
+    from torch.distributed.flight_recorder.components.builder import build_db
+    from torch.distributed.flight_recorder.components.config_manager import JobConfig
+    from torch.distributed.flight_recorder.components.loader import read_dump
+
+    args = JobConfig().parse_args([str(prefix.parent), "--prefix", prefix.name, "--allow-incomplete-ranks"])
+    details = {}
+    for path in sorted(prefix.parent.glob(f"{prefix.name}*")):
+        if path.name[len(prefix.name) :].isdigit():
+            try:
+                details[path.name] = read_dump(prefix.name, str(path))
+            except (OSError, pickle.UnpicklingError, EOFError, KeyError):
+                continue
+    if not details:
+        return None
+    _name_groups(details)
+    version = next(iter(details.values()))["version"]
+    try:
+        db = build_db(details, args, version)
+    except (AssertionError, KeyError, ValueError, IndexError):  # dumps torch's analysis cannot pair up
+        return None
+    return next((c for c in db.collectives if c.missing_ranks), None)
