@@ -36,7 +36,8 @@ class DeployConfig:
     inventory: Path = field(metadata=flag(short="-i", metavar="INVENTORY"))
     """Inventory with the group ddp_cluster (see ansible/inventory/gpu-cluster.example.yml)."""
     extravars: dict[str, object] = field(
-        default_factory=dict, metadata=flag(option="--extra-vars", short="-e", repeat=True, metavar="KEY=VALUE", show="none")
+        default_factory=dict,
+        metadata=flag(option="--extra-vars", short="-e", repeat=True, metavar="KEY=VALUE", show="none"),
     )
     """Role variable, repeatable (KEY=VALUE, VALUE as JSON if it parses, or a JSON object); highest precedence."""
     tags: str = field(default="", metadata=flag(short="-t", metavar="TAGS", show="all"))

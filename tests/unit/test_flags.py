@@ -137,7 +137,7 @@ def test_positional_short_aliases_and_repeats() -> None:
         (["sideways", "-i", "inv"], "argument action: invalid choice: 'sideways' (choose from"),
         (["up"], "the following arguments are required: -i/--inventory"),
         ([], "the following arguments are required: action, -i/--inventory"),
-        (["up", "-i", "inv", "--spec", "a", "--spec-json", "b"], "argument --spec-json: not allowed with argument --spec"),
+        (["up", "-i", "i", "--spec", "a", "--spec-json", "b"], "--spec-json: not allowed with argument --spec"),
     ],
 )
 def test_positional_required_and_exclusive_are_refused_by_argparse(argv: list[str], message: str, capsys) -> None:
