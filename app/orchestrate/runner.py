@@ -479,13 +479,17 @@ def _restart_node(run: Run, name: str, code: int, stop: threading.Event) -> None
         run.say(f"cluster: {which} is gone (it cannot be started again); {going_on}")
 
 
+RESULTS_DIR = Path("build/results")
+"""Where a job's results are copied by default (make's RESULTS asks for this, not restating it)."""
+
+
 @dataclass(frozen=True)
 class ClusterFlags:
     """What to do with the compose cluster, and where its files go."""
 
     action: str = field(metadata=flag(positional=True, choices=("up", "logs", "down")))
     """Run a job, show every node's output, remove."""
-    results: Path = field(default=Path("build/results"), metadata=flag(metavar="DIR"))
+    results: Path = field(default=RESULTS_DIR, metadata=flag(metavar="DIR"))
     """Results go here."""
     state_dir: Path = field(default=Path("build/cluster"), metadata=flag(metavar="DIR"))
     """Rendered files, logs."""
