@@ -17,7 +17,10 @@ reads in the field's metadata: ``field(default=(1, 28, 28), metadata=flag(parse=
 show="1x28x28", metavar="CxHxW"))``. ``flag(hidden=True)`` keeps a field out of ``--help``;
 ``flag(option="--timeout")`` names a flag other than after its field; ``flag(choices=(...))`` lets
 argparse refuse any other value; ``flag(repeat=True)`` makes a tuple field a repeatable flag, each
-use parsed on its own (``--inject-fault A --inject-fault B``). A bool field with a ``parse`` takes a
+use parsed on its own (``--inject-fault A --inject-fault B``); ``flag(short="-i")`` adds a short alias;
+``flag(positional=True)`` makes the field a positional argument (``app cluster up``); a field with
+no default is a required flag; fields with the same ``flag(exclusive="name")`` are mutually
+exclusive (argparse refuses two of them together). A bool field with a ``parse`` takes a
 value (``--check 0``) instead of ``--x/--no-x``.
 Values are checked by the dataclass itself (``__post_init__``), so a bad one gets the same
 one-line message from the command line and from code; a ``parse`` function may raise ``UsageError``
@@ -51,10 +54,14 @@ def flag(
     option: str | None = None,
     choices: tuple | None = None,
     repeat: bool = False,
+    short: str | None = None,
+    positional: bool = False,
+    exclusive: str | None = None,
 ) -> dict:
     """Metadata for a field whose flag needs more than its type: a parser, how its default reads, a metavar..."""
     settings = {"parse": parse, "show": show, "metavar": metavar, "hidden": hidden}
-    return {FLAG: settings | {"option": option, "choices": choices, "repeat": repeat}}
+    shape = {"short": short, "positional": positional, "exclusive": exclusive}
+    return {FLAG: settings | {"option": option, "choices": choices, "repeat": repeat} | shape}
 
 
 @cache
@@ -146,31 +153,41 @@ def add_arguments(
     group = parser.add_argument_group(title or (inspect.getdoc(cls) or cls.__name__).splitlines()[0].rstrip("."))
     hints = typing.get_type_hints(cls)
     helps = docstrings(cls)
+    exclusive: dict[str, argparse._MutuallyExclusiveGroup] = {}
     for f in fields(cls):
         if f.name in exclude or not f.init:
             continue
         settings = f.metadata.get(FLAG, {})
         kind, _ = _base_type(hints[f.name])
+        required = f.default is MISSING and f.default_factory is MISSING
         default = default_of(f)
-        text = f"{helps.get(f.name, '')} (default: {shown(f)})".replace("%", "%%")  # argparse formats help
-        text = argparse.SUPPRESS if settings.get("hidden") else text
+        text = helps.get(f.name, "") + ("" if required else f" (default: {shown(f)})")
+        text = argparse.SUPPRESS if settings.get("hidden") else text.replace("%", "%%")  # argparse formats help
         initial = argparse.SUPPRESS if overrides_only else default
+        where: argparse._ActionsContainer = group
+        if settings.get("exclusive"):
+            if settings["exclusive"] not in exclusive:
+                exclusive[settings["exclusive"]] = group.add_mutually_exclusive_group()
+            where = exclusive[settings["exclusive"]]
+        if settings.get("positional"):
+            where.add_argument(f.name, type=kind, choices=settings.get("choices"), help=text)
+            continue
+        names = [settings["short"], option_of(f)] if settings.get("short") else [option_of(f)]
         if kind is bool and not settings.get("parse"):
-            group.add_argument(
-                option_of(f), dest=f.name, action=argparse.BooleanOptionalAction, default=initial, help=text
-            )
+            where.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=initial, help=text)
             continue
         parse = (
             _checked(settings["parse"]) if settings.get("parse") else kind if kind in (int, float, str, Path) else str
         )
         extra = {"action": "append", "default": argparse.SUPPRESS} if settings.get("repeat") else {"default": initial}
-        group.add_argument(
-            option_of(f),
+        where.add_argument(
+            *names,
             dest=f.name,
             type=parse,
             choices=settings.get("choices"),
             metavar=_metavar(f, kind),
             help=text,
+            **({"required": True} if required else {}),
             **extra,
         )
     return group

@@ -33,7 +33,8 @@ ARGS ?=
 MPI_JOB ?= check
 # Extra flags of `make cluster-check`, e.g. CHECK_ARGS='--device-seconds 4 --fail-below 0.5'.
 CHECK_ARGS ?=
-RESULTS ?= build/results
+# Where results land: RESULTS, else the cluster runner's default (asked of the app, not restated).
+RESULTS ?= $(shell PYTHONPATH=$(CURDIR) $(PYTHON) -c 'from app.orchestrate.runner import RESULTS_DIR; print(RESULTS_DIR)')
 
 # The host side of the images needs no torch and no dev tools: the builder is stdlib Python, and
 # a small venv of its own (made by the builder) holds pip (the wheelhouse's downloads) and compose v2.

@@ -21,7 +21,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app import flags
 from app.errors import ClusterError, UsageError
+from app.flags import flag
 
 ANSIBLE_DIR = Path("ansible")
 """The checkout's ansible/ folder (deploy.yml, ansible.cfg, roles/), from the folder the command runs in."""
@@ -31,22 +33,27 @@ ANSIBLE_DIR = Path("ansible")
 class DeployConfig:
     """One run of deploy.yml."""
 
-    inventory: Path
-    """Ansible inventory file or folder with the group ddp_cluster."""
-    extravars: dict[str, object] = field(default_factory=dict)
-    """Extra variables (-e), highest precedence."""
-    tags: str = ""
-    """Only these tags (comma separated), e.g. verify."""
-    skip_tags: str = ""
+    inventory: Path = field(metadata=flag(short="-i", metavar="INVENTORY"))
+    """Inventory with the group ddp_cluster (see ansible/inventory/gpu-cluster.example.yml)."""
+    extravars: dict[str, object] = field(
+        default_factory=dict,
+        metadata=flag(option="--extra-vars", short="-e", repeat=True, metavar="KEY=VALUE", show="none"),
+    )
+    """Role variable, repeatable (KEY=VALUE, VALUE as JSON if it parses, or a JSON object); highest precedence."""
+    tags: str = field(default="", metadata=flag(short="-t", metavar="TAGS", show="all"))
+    """Only these tags (comma separated): base,nvidia,docker,image,config,verify,launch."""
+    skip_tags: str = field(default="", metadata=flag(metavar="SKIP_TAGS", show="none"))
     """Skip these tags."""
-    limit: str = ""
-    """Limit the play to these hosts."""
+    limit: str = field(default="", metadata=flag(short="-l", metavar="LIMIT", show="all"))
+    """Only these hosts (all hosts of a job must be included)."""
     check: bool = False
-    """Dry run (--check --diff): report what would change."""
-    timeout_s: int = 7200
+    """Dry run (--check --diff): show what would change, run no job."""
+    timeout_s: int = field(default=7200, metadata=flag(option="--timeout", metavar="TIMEOUT"))
     """Stop the whole run after this many seconds."""
-    ansible_dir: Path = ANSIBLE_DIR
+    ansible_dir: Path = field(default=ANSIBLE_DIR, metadata=flag(metavar="ANSIBLE_DIR"))
     """Folder holding deploy.yml and ansible.cfg."""
+    quiet: bool = field(default=False, metadata=flag(short="-q"))
+    """No Ansible output, only the result line."""
 
     def __post_init__(self) -> None:
         if not self.inventory.exists():
@@ -118,7 +125,7 @@ def ansible_playbook() -> str:
     return found
 
 
-def deploy(cfg: DeployConfig, *, quiet: bool = False) -> int:
+def deploy(cfg: DeployConfig) -> int:
     """Run deploy.yml with ansible-runner and return 0; raise ClusterError when the play fails."""
     try:
         import ansible_runner
@@ -140,7 +147,7 @@ def deploy(cfg: DeployConfig, *, quiet: bool = False) -> int:
             cmdline=cmdline,
             envvars={"ANSIBLE_CONFIG": str(cfg.ansible_dir.resolve() / "ansible.cfg")},
             timeout=cfg.timeout_s,
-            quiet=quiet,
+            quiet=cfg.quiet,
         )
         if runner.status == "successful":
             return 0
@@ -154,43 +161,16 @@ def deploy(cfg: DeployConfig, *, quiet: bool = False) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``python -m app deploy``."""
-    parser.add_argument(
-        "-i",
-        "--inventory",
-        type=Path,
-        required=True,
-        help="inventory with the group ddp_cluster (see ansible/inventory/gpu-cluster.example.yml)",
-    )
-    parser.add_argument(
-        "-e",
-        "--extra-vars",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="role variable, repeatable (KEY=VALUE, VALUE as JSON if it parses, or a JSON object)",
-    )
-    parser.add_argument(
-        "-t", "--tags", default="", help="only these tags: base,nvidia,docker,image,config,verify,launch"
-    )
-    parser.add_argument("--skip-tags", default="", help="skip these tags")
-    parser.add_argument("-l", "--limit", default="", help="only these hosts (all hosts of a job must be included)")
-    parser.add_argument("--check", action="store_true", help="dry run: show what would change, run no job")
-    parser.add_argument("--timeout", type=int, default=7200, help="stop after this many seconds (default 7200)")
-    parser.add_argument(
-        "--ansible-dir", type=Path, default=ANSIBLE_DIR, help="folder with deploy.yml (default: %(default)s)"
-    )
-    parser.add_argument("-q", "--quiet", action="store_true", help="no Ansible output, only the result line")
+    """Flags of ``python -m app deploy``: one per field of DeployConfig."""
+    flags.add_arguments(parser, DeployConfig)
 
 
 def run(args: argparse.Namespace) -> int:
     """Parse the flags into a DeployConfig and run it."""
     extravars: dict[str, object] = {}
-    for item in args.extra_vars:
+    for item in flags.given(DeployConfig, args).get("extravars", ()):
         extravars |= parse_extravar(item)
-    cfg = DeployConfig(
-        args.inventory, extravars, args.tags, args.skip_tags, args.limit, args.check, args.timeout, args.ansible_dir
-    )
-    status = deploy(cfg, quiet=args.quiet)
+    cfg = flags.from_args(DeployConfig, args, extravars=extravars)
+    status = deploy(cfg)
     print(f"deploy: ok ({'check mode, nothing changed' if cfg.check else 'results in runs/ansible/'})")
     return status

@@ -44,9 +44,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app import progress
+from app import flags, progress
 from app.atomic import atomic_write_text
 from app.errors import ClusterError, UsageError
+from app.flags import flag
 from app.topology import command as topology
 from app.topology import compose
 from app.topology.spec import ClusterSpec
@@ -478,13 +479,25 @@ def _restart_node(run: Run, name: str, code: int, stop: threading.Event) -> None
         run.say(f"cluster: {which} is gone (it cannot be started again); {going_on}")
 
 
+RESULTS_DIR = Path("build/results")
+"""Where a job's results are copied by default (make's RESULTS asks for this, not restating it)."""
+
+
+@dataclass(frozen=True)
+class ClusterFlags:
+    """What to do with the compose cluster, and where its files go."""
+
+    action: str = field(metadata=flag(positional=True, choices=("up", "logs", "down")))
+    """Run a job, show every node's output, remove."""
+    results: Path = field(default=RESULTS_DIR, metadata=flag(metavar="DIR"))
+    """Results go here."""
+    state_dir: Path = field(default=Path("build/cluster"), metadata=flag(metavar="DIR"))
+    """Rendered files, logs."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m app cluster``: the action, where results go, then the spec's flags."""
-    parser.add_argument("action", choices=("up", "logs", "down"), help="run a job, show every node's output, remove")
-    parser.add_argument("--results", type=Path, default=Path("build/results"), metavar="DIR", help="results go here")
-    parser.add_argument(
-        "--state-dir", type=Path, default=Path("build/cluster"), metavar="DIR", help="rendered files, logs"
-    )
+    flags.add_arguments(parser, ClusterFlags)
     topology.add_spec_arguments(parser)
 
 

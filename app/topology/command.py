@@ -24,7 +24,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -137,28 +137,46 @@ FORMATS: dict[str, tuple[Renderer, str]] = {
 """Every format: its renderer (text, or files by name for --output-dir) and one line of help."""
 
 
+__doc__ += "\nformats (--format):\n" + "\n".join(f"    {name:16} {text}" for name, (_, text) in FORMATS.items()) + "\n"
+
+
+@dataclass(frozen=True)
+class RenderFlags:
+    """What to render and where."""
+
+    format: str = field(default="json", metadata=flags.flag(choices=tuple(FORMATS), metavar="FORMAT"))
+    """What to render: one of the formats listed at the end."""
+    node_rank: int | None = None
+    """With --format torchrun: a static rendezvous as this node."""
+    mpirun_hostfile: str = field(default="hostfile", metadata=flags.flag(metavar="PATH"))
+    """With --format mpirun: the hostfile's path."""
+    output: Path | None = None
+    """Write here atomically instead of stdout."""
+    output_dir: Path | None = field(default=None, metadata=flags.flag(metavar="DIR"))
+    """Folder of the formats that write files."""
+
+
+@dataclass(frozen=True)
+class SpecSource:
+    """Where the cluster spec starts from (the flags of its sections override it)."""
+
+    spec: Path | None = field(default=None, metadata=flags.flag(exclusive="source", metavar="FILE"))
+    """A spec file (TOML); flags override it."""
+    spec_json: str | None = field(default=None, metadata=flags.flag(exclusive="source", metavar="JSON"))
+    """The spec as JSON (what --format json prints)."""
+    hostfile: Path | None = field(default=None, metadata=flags.flag(metavar="FILE"))
+    """The hosts from an OpenMPI hostfile."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m app topology``: what to render and where, then the spec's flags."""
-    parser.add_argument(
-        "--format",
-        default="json",
-        choices=FORMATS,
-        metavar="FORMAT",
-        help="what to render: " + "; ".join(f"{name}: {text}" for name, (_, text) in FORMATS.items()),
-    )
-    parser.add_argument("--node-rank", type=int, default=None, metavar="N", help="torchrun: static rendezvous")
-    parser.add_argument("--mpirun-hostfile", default="hostfile", metavar="PATH", help="mpirun: the hostfile's path")
-    parser.add_argument("--output", type=Path, metavar="PATH", help="write here atomically instead of stdout")
-    parser.add_argument("--output-dir", type=Path, metavar="DIR", help="folder of the formats that write files")
+    flags.add_arguments(parser, RenderFlags)
     add_spec_arguments(parser)
 
 
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     """The cluster spec's flags: a spec file or JSON, named hosts, and one flag per field."""
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--spec", type=Path, metavar="FILE", help="a spec file (TOML); flags override it")
-    source.add_argument("--spec-json", metavar="JSON", help="the spec as JSON (what --format json prints)")
-    parser.add_argument("--hostfile", type=Path, metavar="FILE", help="the hosts from an OpenMPI hostfile")
+    flags.add_arguments(parser, SpecSource)
     for cls in spec.SECTIONS.values():
         flags.add_arguments(parser, cls, overrides_only=True)
 

@@ -97,3 +97,51 @@ def test_a_parsers_usage_error_is_argparses_one_line_error(capsys) -> None:
         parser.parse_args(["--pairs", "3"])
     assert exit_.value.code == 2
     assert "argument --pairs: 3 is odd: give an even number" in capsys.readouterr().err
+
+
+@dataclass(frozen=True)
+class Shaped:
+    """Flags of other shapes: a positional, a required flag, short aliases, an exclusive pair."""
+
+    action: str = field(metadata=flag(positional=True, choices=("up", "down")))
+    """What to do."""
+    inventory: Path = field(metadata=flag(short="-i"))
+    """Required: it has no default."""
+    quiet: bool = field(default=False, metadata=flag(short="-q"))
+    """Say less."""
+    extra: tuple[str, ...] = field(default=(), metadata=flag(short="-e", repeat=True))
+    """Repeatable."""
+    spec: str | None = field(default=None, metadata=flag(exclusive="source"))
+    """One source."""
+    spec_json: str | None = field(default=None, metadata=flag(exclusive="source"))
+    """The other source."""
+
+
+def _shaped(argv: list[str]) -> Shaped:
+    parser = argparse.ArgumentParser(prog="x")
+    add_arguments(parser, Shaped)
+    return from_args(Shaped, parser.parse_args(argv))
+
+
+def test_positional_short_aliases_and_repeats() -> None:
+    assert _shaped(["up", "-i", "inv", "-q", "-e", "a", "-e", "b"]) == Shaped("up", Path("inv"), True, ("a", "b"))
+    assert _shaped(["down", "--inventory", "inv", "--quiet", "--spec", "s"]) == Shaped(
+        "down", Path("inv"), True, spec="s"
+    )
+    assert _shaped(["up", "-i", "inv"]) == Shaped("up", Path("inv"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["sideways", "-i", "inv"], "argument action: invalid choice: 'sideways' (choose from"),
+        (["up"], "the following arguments are required: -i/--inventory"),
+        ([], "the following arguments are required: action, -i/--inventory"),
+        (["up", "-i", "i", "--spec", "a", "--spec-json", "b"], "--spec-json: not allowed with argument --spec"),
+    ],
+)
+def test_positional_required_and_exclusive_are_refused_by_argparse(argv: list[str], message: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        _shaped(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err

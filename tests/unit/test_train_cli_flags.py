@@ -3,6 +3,7 @@ default, its help the docstring under it, one --help group per section (``app.fl
 
 import argparse
 from dataclasses import MISSING, fields
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +13,11 @@ from app.diagnostics.comm import CommConfig
 from app.diagnostics.doctor import DoctorConfig
 from app.diagnostics.links import LinksConfig
 from app.flags import FLAG, docstrings, from_args, option, option_of
+from app.orchestrate.deploy import DeployConfig
+from app.orchestrate.runner import ClusterFlags
 from app.runtime.distributed import DistConfig
+from app.topology import spec
+from app.topology.command import RenderFlags, SpecSource
 from app.train.bench import BenchConfig
 from app.train.config import SECTIONS, SpeedConfig, TrainConfig
 from app.train.main import config_from_args
@@ -63,6 +68,40 @@ def test_every_field_is_a_flag_with_its_default_and_docstring(command: str, sect
     # Nothing else: no flag written by hand beside the configs' (app.logs' are every command's).
     generated = {f.name for section in sections for f in fields(section)}
     assert _destinations(parser) == generated | EVERY_COMMAND
+
+
+@pytest.mark.parametrize(
+    ("command", "sections"),
+    [
+        ("topology", [RenderFlags, SpecSource, *spec.SECTIONS.values()]),
+        ("cluster", [ClusterFlags, SpecSource, *spec.SECTIONS.values()]),
+        ("deploy", [DeployConfig]),
+    ],
+)
+def test_the_orchestration_commands_flags_come_from_configs(command: str, sections: list[type]) -> None:
+    parser, _ = build_parser(command)
+    by_dest = {action.dest: action for action in parser._actions if action.dest != "help"}  # positionals too
+    for section in sections:
+        for f in fields(section):
+            if f.metadata.get(FLAG, {}).get("hidden"):
+                continue
+            assert by_dest[f.name].help.replace("%%", "%").startswith(docstrings(section)[f.name]), f.name
+    # Nothing else: no flag or positional written by hand beside the configs' (app.logs' are every command's).
+    assert set(by_dest) == {f.name for section in sections for f in fields(section)} | EVERY_COMMAND
+
+
+def test_the_orchestration_commands_defaults_are_their_configs() -> None:
+    topology, _ = build_parser("topology")
+    assert from_args(RenderFlags, topology.parse_args([])) == RenderFlags()
+    assert from_args(SpecSource, topology.parse_args([])) == SpecSource()
+    cluster, _ = build_parser("cluster")
+    assert from_args(ClusterFlags, cluster.parse_args(["logs"])) == ClusterFlags("logs")
+    deploy, _ = build_parser("deploy")
+    args = deploy.parse_args(["-i", "ansible/deploy.yml", "-e", "a=1", "-e", "b=2", "-q", "--timeout", "9"])
+    assert from_args(DeployConfig, args, extravars={}) == DeployConfig(
+        Path("ansible/deploy.yml"), quiet=True, timeout_s=9
+    )
+    assert args.extravars == ["a=1", "b=2"]
 
 
 def test_no_flags_give_the_default_config() -> None:
