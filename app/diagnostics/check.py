@@ -276,9 +276,10 @@ def _rank_info(ctx: DistContext) -> dict:
     }
 
 
-def _device_health(ctx: DistContext, cfg: CheckConfig) -> dict | None:
-    """This rank's device figures, measured while every other rank measures its own (None: skipped)."""
-    if cfg.device_seconds <= 0:
+def _device_health(ctx: DistContext, cfg: CheckConfig, operations: list[OpResult]) -> dict | None:
+    """This rank's device figures, measured while every other rank measures its own (None: skipped, or
+    an operation failed: a rank that does not answer would hang the barrier until the timeout)."""
+    if cfg.device_seconds <= 0 or not all(r.ok for r in operations):
         return None
     dist.barrier()
     return asdict(health.measure(ctx.device, cfg.device_seconds))
@@ -303,8 +304,9 @@ def build_report(ctx: DistContext, cfg: CheckConfig, diagnosis: doctor.Diagnosis
     """
     found = doctor.view(diagnosis, ctx.proc) if diagnosis else None
     interface = diagnosis.ifname if diagnosis else ctx.proc.ifname
-    local = {**_rank_info(ctx), "interface": interface, "doctor": found, "health": _device_health(ctx, cfg)}
+    local = {**_rank_info(ctx), "interface": interface, "doctor": found}
     local["operations"] = run_operations(ctx, cfg)
+    local["health"] = _device_health(ctx, cfg, local["operations"])
     gathered = _gather(ctx, local)
     if gathered is None:
         ctx.mark_broken("the check could not gather every rank's report")

@@ -89,17 +89,17 @@ def test_torchrun_fault_on_two_ranks(tmp_path) -> None:
 
 
 HANGING_RANK = """
-import datetime, sys, time
-import torch.distributed as dist
-dist.init_process_group("gloo", init_method=sys.argv[1], rank=1, world_size=2,
-                        timeout=datetime.timedelta(seconds=60))
-time.sleep(60)
+import sys, time
+from app.runtime.distributed import DistConfig, process_group, this_process
+cfg = DistConfig(backend="gloo", timeout_s=60, init_method=sys.argv[1])
+with process_group(this_process(cfg), cfg):  # joins as an app rank does (backend agreement included), then hangs
+    time.sleep(60)
 """
 
 
 def test_a_rank_that_hangs_becomes_an_error_after_the_timeout(tmp_path) -> None:
     rdzv = f"file://{tmp_path / 'rdzv'}"
-    silent = subprocess.Popen([PYTHON, "-c", HANGING_RANK, rdzv], env=_clean_env())
+    silent = subprocess.Popen([PYTHON, "-c", HANGING_RANK, rdzv], env=_clean_env({"RANK": "1", "WORLD_SIZE": "2"}))
     try:
         done = subprocess.run(
             [PYTHON, "-m", "app", "check", "--timeout", "3", "--init-method", rdzv, "--json", str(tmp_path / "c.json")],

@@ -100,7 +100,8 @@ def test_the_flight_recorder_names_the_collective_and_the_line_a_hung_rank_is_at
     for cause in causes:
         assert cause.startswith(f"rank {hung} on {host} stopped answering: the gradient all-reduce of step 7 "), cause
         found = re.search(r"flight recorder: gloo:all_reduce #(\d+) \(sequence number\) of group (\S+) was never "
-                          r"joined by rank (\d+) on (\S+) at (\S+):(\d+) in (\w+); dumps in (\S+)", cause)  # fmt: skip
+                          r"joined by rank (\d+) on (\S+) at (\S+):(\d+) in (\w+); "
+                          r"dumps in ([^\s;]+)", cause)  # fmt: skip
         assert found, cause
         assert found[3] == str(hung) and found[4] == host and int(found[1]) > 6, cause
         assert (found[5], int(found[6]), found[7]) == ("cluster/faults/fault_job.py", line_no, "hook"), cause
