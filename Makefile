@@ -81,5 +81,5 @@ test-unit: venv ## Unit tests only (seconds).
 
 .PHONY: test
 test: venv host-deps lint $(TEST_PREREQS) ## Lint, then all tests: unit, real processes, containers, Ansible (sets up what it needs).
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=40 $(PYTEST_ARGS)
 	@for target in $(EXTRA_TESTS); do $(MAKE) --no-print-directory $$target; done

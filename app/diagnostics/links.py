@@ -29,10 +29,11 @@ median of the links that do not touch it / s^(k / sqrt(m)), m its links in that 
 of m links has 1/sqrt(m) of one link's noise), and each of them below that median / s^(k/2): with 3
 nodes below 0.62 of the others, with 4 below 0.68 (each link below 0.72), so a node at half speed
 is named in every run where its single links straddle the one-link threshold (median and s here
-are those of the links that do not touch the node). A link is named when it is slow and no named
-node explains it. The rule needs 3 or more nodes (with 2 only --fail-below judges) and holds while
-fewer than half the links are slow; with 3 nodes one noisy link besides a slow node can hide it, so
-use 4 or more where you can.
+are those of the links that do not touch the node). Nodes are named slowest group first, and the
+links a named node explains judge nothing else: a slow sender's links do not count against their
+receivers. A link is named when it is slow and no named node explains it. The rule needs 3 or more
+nodes (with 2 only --fail-below judges) and holds while fewer than half the links are slow; with 3
+nodes one noisy link besides a slow node can hide it, so use 4 or more where you can.
 
 --fail-below FRACTION: exit status 1 when any link's bandwidth is below FRACTION x the median
 (the error line names them); without it the verdict is reported and the exit status is 0.
@@ -56,6 +57,8 @@ JSON (--json PATH; rank 0 writes it; keys are stable, new keys may be added):
 
 import argparse
 import json
+import math
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -163,21 +166,32 @@ def judge(matrix: list[list[float | None]], k: float) -> Verdict:
     rule = outliers.judge_values(list(links.values()), k, judged=n >= 3)
     if rule.threshold is None:
         return Verdict(rule.median, rule.mad_log, None, None, [], [])
-    slow = {link for link, v in links.items() if rule.is_slow(v)}
-    nodes = []
-    for node in range(n):
-        others = [v for (a, b), v in links.items() if node not in (a, b)]
-        sends = outliers.slow_as_a_group([v for (a, _), v in links.items() if a == node], others, k)
-        receives = outliers.slow_as_a_group([v for (_, b), v in links.items() if b == node], others, k)
-        if sends or receives:
-            nodes.append((node, "both" if sends and receives else "send" if sends else "receive"))
-    named = dict(nodes)
+    named: dict[int, str] = {}
 
     def explained(src: int, dst: int) -> bool:
         return named.get(src) in ("send", "both") or named.get(dst) in ("receive", "both")
 
-    slow_links = sorted(link for link in slow if not explained(*link))
+    while (worst := _slowest_group(links, named, explained, k)) is not None:
+        node, direction = worst
+        named[node] = "both" if named.get(node, direction) != direction else direction
+    nodes = sorted(named.items())
+    slow_links = sorted(link for link, v in links.items() if rule.is_slow(v) and not explained(*link))
     return Verdict(rule.median, rule.mad_log, rule.spread, rule.threshold, nodes, slow_links)
+
+
+def _slowest_group(links: dict, named: dict[int, str], explained, k: float) -> tuple[int, str] | None:
+    """The node and direction whose links, not yet explained by a named node, are slowest as a group
+    (None: no group is slow); the links that a named node explains judge nothing else."""
+    candidates = []
+    for node in sorted({a for a, _ in links}):
+        others = [v for (a, b), v in links.items() if node not in (a, b) and not explained(a, b)]
+        for direction, end in (("send", 0), ("receive", 1)):
+            if named.get(node) in (direction, "both"):
+                continue
+            group = [v for link, v in links.items() if link[end] == node and not explained(*link)]
+            if len(group) >= 2 and outliers.slow_as_a_group(group, others, k):
+                candidates.append((statistics.fmean(math.log(max(v, 1e-12)) for v in group), node, direction))
+    return min(candidates)[1:] if candidates else None
 
 
 def below(matrix: list[list[float | None]], median: float, fraction: float | None) -> list[tuple[int, int]]:

@@ -51,6 +51,15 @@ def test_a_node_that_sends_slowly_is_named_and_nothing_else(n: int) -> None:
     assert verdict.slow_links == []
 
 
+def test_the_links_of_a_slow_sender_do_not_condemn_their_receivers() -> None:
+    # node 1 sends at a thousandth; node 3 receives from the two others at 0.7 of the rest: its link from
+    # node 1 is node 1's fault, and the two left are not slow as a group (they were, dragged by that link).
+    slow = {(1, j): 0.01 for j in range(4) if j != 1} | {(0, 3): 7.0, (2, 3): 7.0}
+    verdict = judge(_matrix(4, slow=slow), k=3)
+    assert verdict.slow_nodes == [(1, "send")]
+    assert verdict.slow_links == []
+
+
 def test_a_node_that_receives_slowly_or_both() -> None:
     n = 5
     receive = judge(_matrix(n, slow={(i, 3): 1.0 for i in range(n) if i != 3}), k=3)
