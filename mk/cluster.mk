@@ -1,5 +1,5 @@
 # Containers and the local gloo mini-cluster (included by the top-level Makefile).
-# The image builder (docker/imagebuild, stdlib Python) and cluster/ (the runtime) do the work; every
+# The image builder (docker/imagebuild, stdlib Python) and the app (its cluster command) do the work; every
 # knob below, and each of docker/versions.env (IMAGE_NAME, LOCAL_BASE_IMAGE, TORCH_VERSION...), can
 # be set on the command line.
 
