@@ -37,9 +37,18 @@ def pyplot():
 
 def prepare(path: str | os.PathLike) -> None:
     """Refuse a --plot path that is not a .png, or a missing matplotlib, before any measurement runs."""
-    if Path(path).suffix.lower() != ".png":
-        raise UsageError(f"--plot {path}: the picture is a PNG, give a path ending in .png")
+    try:
+        png_path(str(path))
+    except UsageError as error:
+        raise UsageError(f"--plot {error}") from None
+
+
+def png_path(text: str) -> str:
+    """A --plot flag's parser (``flag(parse=plots.png_path)``): ``text``, a .png path, with matplotlib there."""
+    if Path(text).suffix.lower() != ".png":
+        raise UsageError(f"{text}: the picture is a PNG, give a path ending in .png")
     pyplot()
+    return text
 
 
 def save(fig, path: str | os.PathLike) -> Path:

@@ -45,13 +45,12 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.distributed as dist
 
-from app import flags
 from app.atomic import atomic_write_text
 from app.diagnostics import doctor, health, outliers
 from app.errors import ClusterError, UsageError, first_line
 from app.flags import flag
 from app.runtime import devices
-from app.runtime.distributed import DistConfig, DistContext, process_group, this_process
+from app.runtime.distributed import DistContext, add_command_arguments, command_process, process_group
 
 FAULT_OFFSET = 1000.0
 """Added by --inject-fault to the value a rank sends, so the check must catch it."""
@@ -405,14 +404,12 @@ def summary(report: dict) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m app check``."""
-    flags.add_arguments(parser, CheckConfig)
-    flags.add_arguments(parser, DistConfig)
+    add_command_arguments(parser, CheckConfig)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the check on this rank; rank 0 reports. Exit 0 only when every operation verified."""
-    cfg, dist_cfg = flags.from_args(CheckConfig, args), flags.from_args(DistConfig, args)
-    proc = this_process(dist_cfg)
+    cfg, dist_cfg, proc = command_process(CheckConfig, args)
     diagnosis = doctor.preflight(proc, dist_cfg, announce=False)
     with process_group(proc, dist_cfg) as ctx:
         report = build_report(ctx, cfg, diagnosis)

@@ -74,13 +74,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from app import flags, plots
+from app import plots
 from app.atomic import atomic_write_text
 from app.diagnostics import collectives, health
 from app.diagnostics.collectives import COLLECTIVES, DTYPES, OPS, bandwidths, format_size, size_parser, synchronize
 from app.errors import ClusterError, UsageError, first_line
 from app.flags import flag
-from app.runtime.distributed import DistConfig, DistContext, process_group, this_process
+from app.runtime.distributed import DistContext, add_command_arguments, command_process, process_group
 
 SCHEMA = "ddp-cluster/comm/1"
 MIB = 1 << 20
@@ -137,7 +137,7 @@ class CommConfig:
     """Also time a bare torch.distributed.all_reduce loop at the largest size (harness cost)."""
     json: str | None = field(default=None, metadata=flag(metavar="PATH"))
     """Also write the report as JSON (keys: see below)."""
-    plot: str | None = field(default=None, metadata=flag(metavar="PATH.png"))
+    plot: str | None = field(default=None, metadata=flag(metavar="PATH.png", parse=plots.png_path))
     """Also draw busbw against size per collective (PNG)."""
 
     def __post_init__(self) -> None:
@@ -502,16 +502,12 @@ def plot(path: str, report: dict) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m app comm``."""
-    flags.add_arguments(parser, CommConfig)
-    flags.add_arguments(parser, DistConfig)
+    add_command_arguments(parser, CommConfig)
 
 
 def run(args: argparse.Namespace) -> int:
     """Sweep on this rank; rank 0 prints, writes --json/--plot, and fails on wrong values."""
-    cfg, dist_cfg = flags.from_args(CommConfig, args), flags.from_args(DistConfig, args)
-    if cfg.plot:
-        plots.prepare(cfg.plot)
-    proc = this_process(dist_cfg)
+    cfg, dist_cfg, proc = command_process(CommConfig, args)
     printer = (lambda text: print(text, flush=True)) if proc.is_main else (lambda text: None)
     with process_group(proc, dist_cfg) as ctx:
         report = build_report(ctx, cfg, printer)

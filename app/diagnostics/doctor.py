@@ -56,7 +56,7 @@ from app.errors import ClusterError, UsageError, first_line
 from app.flags import flag
 from app.runtime import devices, launcher, network
 from app.runtime.devices import NodeDevices
-from app.runtime.distributed import DistConfig, job_store, rendezvous_endpoint, this_process
+from app.runtime.distributed import DistConfig, add_command_arguments, job_store, rendezvous_endpoint, this_process
 from app.runtime.launcher import ProcessInfo
 
 RESOLVE_TIMEOUT_S = 4.0
@@ -440,8 +440,7 @@ class DoctorConfig:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m app doctor``."""
-    flags.add_arguments(parser, DoctorConfig)
-    flags.add_arguments(parser, DistConfig)
+    add_command_arguments(parser, DoctorConfig)
 
 
 def _print(report: dict, json_path: str | None) -> None:

@@ -65,14 +65,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from app import flags, plots
+from app import plots
 from app.atomic import atomic_write_text
 from app.diagnostics import outliers
 from app.diagnostics.collectives import format_size, size_parser, synchronize
 from app.diagnostics.outliers import DEFAULT_K
 from app.errors import ClusterError, UsageError, first_line
 from app.flags import flag
-from app.runtime.distributed import DistConfig, DistContext, process_group, this_process
+from app.runtime.distributed import DistContext, add_command_arguments, command_process, process_group
 
 SCHEMA = "ddp-cluster/links/1"
 LATENCY_BYTES = 8
@@ -98,7 +98,7 @@ class LinksConfig:
     """Exit status 1 when a link is below FRACTION x median."""
     json: str | None = field(default=None, metadata=flag(metavar="PATH"))
     """Also write the report as JSON (keys: see below)."""
-    plot: str | None = field(default=None, metadata=flag(metavar="PATH.png"))
+    plot: str | None = field(default=None, metadata=flag(metavar="PATH.png", parse=plots.png_path))
     """Also draw the bandwidth matrix as a heatmap (PNG)."""
 
     def __post_init__(self) -> None:
@@ -399,16 +399,12 @@ def plot(path: str, report: dict) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m app links``."""
-    flags.add_arguments(parser, LinksConfig)
-    flags.add_arguments(parser, DistConfig)
+    add_command_arguments(parser, LinksConfig)
 
 
 def run(args: argparse.Namespace) -> int:
     """Measure on this rank; rank 0 prints, writes --json/--plot, and fails below --fail-below."""
-    cfg, dist_cfg = flags.from_args(LinksConfig, args), flags.from_args(DistConfig, args)
-    if cfg.plot:
-        plots.prepare(cfg.plot)
-    proc = this_process(dist_cfg)
+    cfg, dist_cfg, proc = command_process(LinksConfig, args)
     with process_group(proc, dist_cfg) as ctx:
         report = build_report(ctx, cfg)
     if not proc.is_main:

@@ -10,17 +10,20 @@ gloo on every rank; the ranks agree on it through the store before any NCCL call
 ``--init-method`` gives one, otherwise a TCP store on MASTER_ADDR:MASTER_PORT that rank 0 serves.
 """
 
+import argparse
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
 
+from app import flags
 from app.errors import ClusterError, UsageError, first_line
 from app.flags import flag
 from app.runtime import backend, devices, launcher
@@ -74,6 +77,18 @@ def this_process(cfg: DistConfig) -> ProcessInfo:
     The one way a command describes its process (``launcher.detect`` with what ``cfg`` implies).
     """
     return launcher.detect(need_master=cfg.init_method is None)
+
+
+def add_command_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """Flags of a command that joins the process group: its own config's (``cls``), then DistConfig's."""
+    flags.add_arguments(parser, cls)
+    flags.add_arguments(parser, DistConfig)
+
+
+def command_process(cls: type, args: argparse.Namespace) -> tuple[Any, DistConfig, ProcessInfo]:
+    """Such a command's config, its DistConfig and this process, from the flags ``add_command_arguments`` made."""
+    dist_cfg = flags.from_args(DistConfig, args)
+    return flags.from_args(cls, args), dist_cfg, this_process(dist_cfg)
 
 
 def record_collectives(folder: Path) -> Path:

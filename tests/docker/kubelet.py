@@ -147,6 +147,19 @@ def train_together(pods: list[Pod], summary: str) -> dict:
     return json.loads(run(pods[0].probe(f"cat {summary}"), 120).stdout)
 
 
+def probe_and_train(pods: list[Pod], prefix: str, probe: Pod, script: str, summary: str) -> tuple[dict, dict]:
+    """On a network named ``prefix``: ``probe`` runs ``script`` (its ``probed`` lines), then every pod trains
+    together (``train_together``'s summary); everything named after ``prefix`` is removed at the end."""
+    network = run(["docker", "network", "create", prefix], 60)
+    assert network.returncode == 0, explain(network)
+    try:
+        probe_run = run(probe.probe(script), 120)
+        assert probe_run.returncode == 0, explain(probe_run)
+        return probed(probe_run.stdout), train_together(pods, summary)
+    finally:
+        remove(pods, prefix)
+
+
 def remove(pods: list[Pod], prefix: str) -> None:
     """Remove the pods' containers, the network and the claim's volume (all named after ``prefix``)."""
     run(["docker", "rm", "--force", *(p.name for p in pods)], 120)

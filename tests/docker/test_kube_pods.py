@@ -16,8 +16,7 @@ import uuid
 import pytest
 import yaml
 
-from .conftest import explain, run
-from .kubelet import HARDENED, PROBE, Pod, identity, pod_options, probed, remove, train_together
+from .kubelet import HARDENED, PROBE, Pod, identity, pod_options, probe_and_train
 
 pytestmark = pytest.mark.docker
 
@@ -64,20 +63,13 @@ def test_the_jobs_pods_train_together_under_their_security_context(cpu_image, tm
     rendered = _render(*flags, "--nodes", "2", "--nproc-per-node", "1")
     objects = {o["kind"]: o for o in rendered}
     pods = pods_of(objects, tmp_path, prefix, prefix)
-    network = run(["docker", "network", "create", prefix], 60)
-    assert network.returncode == 0, explain(network)
-    try:
-        # The controls: the pod cannot write its root or its ConfigMap, runs as app without
-        # capabilities or a way to gain privileges, and finds its own DNS name in /etc/hosts.
-        probe = run(pods[0].probe(PROBE + OWN_PROBE), 120)
-        assert probe.returncode == 0, explain(probe)
-        assert probed(probe.stdout) == {
-            **HARDENED,
-            "cluster": "read-only",
-            "fqdn": f"{prefix}-0.{prefix}.default.svc.cluster.local",
-            "args": "--nnodes=2",
-        }, probe.stdout
-        summary = train_together(pods, "/results/k8s/summary.json")
-        assert (summary["world_size"], summary["nodes"], summary["params_identical"]) == (2, 2, True)
-    finally:
-        remove(pods, prefix)
+    # The controls: the pod cannot write its root or its ConfigMap, runs as app without capabilities
+    # or a way to gain privileges, and finds its own DNS name in /etc/hosts.
+    probe, summary = probe_and_train(pods, prefix, pods[0], PROBE + OWN_PROBE, "/results/k8s/summary.json")
+    assert probe == {
+        **HARDENED,
+        "cluster": "read-only",
+        "fqdn": f"{prefix}-0.{prefix}.default.svc.cluster.local",
+        "args": "--nnodes=2",
+    }
+    assert (summary["world_size"], summary["nodes"], summary["params_identical"]) == (2, 2, True)

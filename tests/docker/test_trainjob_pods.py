@@ -20,8 +20,7 @@ import yaml
 
 from tests.unit.kube_trainer import trainer_pods
 
-from .conftest import explain, run
-from .kubelet import HARDENED, PROBE, Pod, identity, pod_options, probed, remove, train_together
+from .kubelet import HARDENED, PROBE, Pod, identity, pod_options, probe_and_train
 
 pytestmark = pytest.mark.docker
 
@@ -66,17 +65,10 @@ def test_the_trainjobs_pods_train_together_from_the_torch_plugins_variables(cpu_
     *_, train_job = _render("trainjob", *flags)
     pods = pods_of(train_job, runtime, tmp_path, prefix, prefix)
     assert [p.args[:2] for p in pods] == [["-m", "app"]] * 2  # torchrun gets nothing but the job
-    network = run(["docker", "network", "create", prefix], 60)
-    assert network.returncode == 0, explain(network)
-    try:
-        probe = run(pods[1].probe(PROBE + OWN_PROBE), 120)
-        assert probe.returncode == 0, explain(probe)
-        assert probed(probe.stdout) == {
-            **HARDENED,
-            "fqdn": f"{prefix}-node-0-1.{prefix}.default.svc.cluster.local",
-            "pet": f"2,1,1,{prefix}-node-0-0.{prefix},29500",
-        }, probe.stdout
-        summary = train_together(pods, "/results/trainjob/summary.json")
-        assert (summary["world_size"], summary["nodes"], summary["params_identical"]) == (2, 2, True)
-    finally:
-        remove(pods, prefix)
+    probe, summary = probe_and_train(pods, prefix, pods[1], PROBE + OWN_PROBE, "/results/trainjob/summary.json")
+    assert probe == {
+        **HARDENED,
+        "fqdn": f"{prefix}-node-0-1.{prefix}.default.svc.cluster.local",
+        "pet": f"2,1,1,{prefix}-node-0-0.{prefix},29500",
+    }
+    assert (summary["world_size"], summary["nodes"], summary["params_identical"]) == (2, 2, True)

@@ -184,7 +184,7 @@ def test_row_has_nccl_tests_columns() -> None:
         (["--iters", "0"], "--iters 0 >= 1"),
         (["--check", "2"], "argument --check: invalid choice"),
         (["--rank-time", "min"], "argument --rank-time: invalid choice"),
-        (["--plot", "comm.svg"], "--plot comm.svg: the picture is a PNG"),
+        (["--plot", "comm.svg"], "argument --plot: comm.svg: the picture is a PNG"),
     ],
 )
 def test_bad_flag_is_one_line(capsys, args: list[str], message: str) -> None:
