@@ -22,6 +22,9 @@ SHELL_SCRIPTS = $(shell git ls-files -co --exclude-standard | xargs grep -lsE '^
 TEST_PREREQS :=
 # Test suites run after the main pytest run, e.g. the torchvision suite in its own venv.
 EXTRA_TESTS :=
+# Set-up that `make test` runs in the background while the main pytest run goes on, for the suites
+# after it (e.g. .venv-tv); its output goes to build/logs/test-background.log.
+TEST_BACKGROUND :=
 
 ##@ General
 
@@ -81,5 +84,10 @@ test-unit: venv ## Unit tests only (seconds).
 
 .PHONY: test
 test: venv host-deps lint $(TEST_PREREQS) ## Lint, then all tests: unit, real processes, containers, Ansible (sets up what it needs).
-	$(PY) -m pytest --durations=40 $(PYTEST_ARGS)
-	@for target in $(EXTRA_TESTS); do $(MAKE) --no-print-directory $$target; done
+	@mkdir -p build/logs; log=build/logs/test-background.log; : >$$log; \
+	$(if $(TEST_BACKGROUND),$(MAKE) --no-print-directory $(TEST_BACKGROUND) >$$log 2>&1 &,true &) background=$$!; \
+	echo "$(PY) -m pytest --durations=40 $(PYTEST_ARGS)  (beside it: make $(TEST_BACKGROUND), log $$log)"; \
+	$(PY) -m pytest --durations=40 $(PYTEST_ARGS); status=$$?; \
+	wait $$background || { echo "error: make $(TEST_BACKGROUND) failed: see $$log" >&2; exit 1; }; \
+	[ $$status -eq 0 ] || exit $$status; \
+	for target in $(EXTRA_TESTS); do $(MAKE) --no-print-directory $$target || exit 1; done

@@ -13,6 +13,7 @@ TV_VENV ?= .venv-tv
 TV_SPEC ?= torch==2.14.1 torchvision==0.29.1
 
 EXTRA_TESTS += test-torchvision
+TEST_BACKGROUND += venv-tv
 
 ##@ Training
 
