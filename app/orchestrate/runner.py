@@ -37,6 +37,7 @@ Results are copied to --results.
 """
 
 import argparse
+import contextlib
 import json
 import re
 import signal
@@ -424,7 +425,7 @@ def _follow(run: Run, stop: threading.Event, since: float) -> None:
     """
     services = [*([compose.LAUNCHER] if run.spec.job.launcher == "mpirun" else []), *run.nodes]
     after = f"{since:.3f}"  # this run's lines only
-    seen: set[str] = set()  # the lines taken, each with its node and its time
+    seen: set[tuple[str, str]] = set()  # the lines taken: node, time and line (compose pads the node's name)
     while True:
         follow = not stop.is_set()
         args = run.compose("logs", *(["--follow"] if follow else []), "--no-color", "--timestamps", "--since",
@@ -434,9 +435,10 @@ def _follow(run: Run, stop: threading.Event, since: float) -> None:
         try:
             assert proc.stdout is not None
             for raw in proc.stdout:
-                if raw not in seen:
-                    seen.add(raw)
-                    after = _take_line(run, raw) or after
+                service, _, rest = raw.rstrip("\n").partition(" | ")
+                if (service.strip(), rest) not in seen:
+                    seen.add((service.strip(), rest))
+                    after = _take_line(run, service.strip(), rest) or after
         finally:
             proc.kill()
             proc.wait()
@@ -445,13 +447,12 @@ def _follow(run: Run, stop: threading.Event, since: float) -> None:
         stop.wait(1)
 
 
-def _take_line(run: Run, raw: str) -> str:
-    """One line of ``compose logs --timestamps``: logged, its failure noted, printed when it is the streamed
-    node's and not internal. Returns its time stamp."""
-    service, _, rest = raw.rstrip("\n").partition(" | ")
+def _take_line(run: Run, service: str, rest: str) -> str:
+    """One line of ``compose logs --timestamps`` (``service | time line``): logged, its failure noted, printed
+    when it is the streamed node's and not internal. Returns its time stamp."""
     stamp, _, line = rest.partition(" ")
-    node = run.container_of(service.strip())
-    run.log(f"{service.strip()}: {line}")
+    node = run.container_of(service)
+    run.log(f"{service}: {line}")
     internal = run.take(node, run.filters.setdefault(node, Filter()), line)
     if not run.observe(node, line) and node == run.main_container and (not internal or run.verbose):
         print(line, flush=True)
@@ -598,6 +599,9 @@ def _up(run: Run, results: Path) -> int:
             thread.start()
         if not run.ended.wait(max(spec.job.time_limit - (time.monotonic() - start), 1)):
             run.end(124)
+        if run.status == 0 and not run.gave_up and spec.job.launcher != "mpirun":
+            with contextlib.suppress(subprocess.TimeoutExpired):  # the other agents are leaving torchrun's exit barrier
+                _docker("wait", *compose.rank_order(spec), timeout=STOP_GRACE_S)
         # The job is over: the nodes still up cannot go on without it; stopped first, reported after.
         subprocess.run(run.compose("stop", "--timeout", str(STOP_GRACE_S)), capture_output=True, timeout=180,
                        check=False)  # fmt: skip
