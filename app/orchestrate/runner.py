@@ -639,7 +639,8 @@ def _failure(run: Run, status: int, output: Filter) -> str:
     if output.cause and not output.said_error:
         where = run.where(output.cause_rank) if output.cause_rank is not None else run.main_container
         return f"{where}: {root_cause(output.cause, spec)}"
-    return f"the job failed: {ended_by} ended with {describe_status(status)}; see above"
+    which = f"{ended_by} (rank 0's node)" if ended_by == run.main_container else ended_by
+    return f"the job failed: {which} ended with {describe_status(status)}; see above"
 
 
 def _collect(run: Run, results: Path, elapsed: float) -> None:
