@@ -18,10 +18,9 @@ or stopped by hand) is started again (Docker's restart policy brings back one th
 rendezvous round, the job resuming from its last checkpoint. The rendezvous is a store container of
 its own (``compose.RENDEZVOUS``), so no node's loss ends the job; the job ends when a node's torchrun
 agent ends by itself (0: the job finished; else torchrun gave up) or mpirun's launcher ends.
-Tracebacks, C++ frames, torchrun's banners and every
-node's output go to the command's one log (logs/cluster.log, or --log-dir; ``--verbose`` prints them
-too): the status line and the error line name the same file. Every process ``up`` starts (docker
-events, logs) ends with it.
+Tracebacks, C++ frames, torchrun's banners and every node's output go to the command's one log
+(logs/cluster.log, or --log-dir; ``--verbose`` prints them too): the status line and the error line
+name the same file. Every process ``up`` starts (docker events, logs) ends with it.
 
 What the user sees of a failure (docs/faults.md):
 - one line per restart, once the job runs again: which node or rank failed and why (signal or
