@@ -11,14 +11,16 @@ Runs on the host, with the stdlib only (no torch, no venv). The spec flags are `
 topology``'s; they are checked once, then every file the cluster needs is rendered once into
 build/cluster/<name>/ (``compose.cluster_files``: compose's env file, nodes.yaml with each node's
 command, the launch files the nodes read); the containers only exec what was rendered.
-``up`` streams rank 0's node (the head; the launcher under mpirun) and exits with its status,
-whatever happens to the other nodes: a worker container that stops is started again (Docker's
-restart policy brings back one that crashed; one stopped by hand is started here) up to
---max-restarts times, and torchrun's agents restart every worker in a new rendezvous round, the
-job resuming from its last checkpoint. Tracebacks, C++ frames, torchrun's banners and every
-node's output go to the command's one log (logs/cluster.log, or --log-dir; ``--verbose`` prints them
-too): the status line and the error line name the same file. Every process ``up`` starts (docker
-events, logs) ends with it.
+``up`` streams rank 0's node (the first torchrun node still in the job; the launcher under mpirun)
+and exits with the job's status, whatever happens to the nodes: a node container that is lost (killed,
+or stopped by hand) is started again (Docker's restart policy brings back one that crashed) up to
+--max-restarts times, the head like any other, and torchrun's agents restart every worker in a new
+rendezvous round, the job resuming from its last checkpoint. The rendezvous is a store container of
+its own (``compose.RENDEZVOUS``), so no node's loss ends the job; the job ends when a node's torchrun
+agent ends by itself (0: the job finished; else torchrun gave up) or mpirun's launcher ends.
+Tracebacks, C++ frames, torchrun's banners and every node's output go to the command's one log
+(logs/cluster.log, or --log-dir; ``--verbose`` prints them too): the status line and the error line
+name the same file. Every process ``up`` starts (docker events, logs) ends with it.
 
 What the user sees of a failure (docs/faults.md):
 - one line per restart, once the job runs again: which node or rank failed and why (signal or
@@ -27,13 +29,14 @@ What the user sees of a failure (docs/faults.md):
   from step 30 (checkpoint ...), 2 steps lost (the failed attempt reached step 32)``;
 - a failure that a restart cannot cure (bad input: exit status 2; a full disk) is not restarted:
   the rank's one line at once, and the command's own line ``error: not restarted: ...`` says why;
-- the head lost ends the job: the other containers are stopped (within STOP_GRACE_S) and the
-  command's line names the head;
+- the rendezvous store lost ends the job: the nodes are stopped (within STOP_GRACE_S) and the
+  command's line names the store;
 - a failure the job did not recover from: the ranks' own one-line errors, then the command's.
 Results are copied to --results.
 """
 
 import argparse
+import contextlib
 import json
 import re
 import signal
@@ -168,6 +171,8 @@ class Stopped:
     why: str
     status: int
     """The job's exit status: 2 for bad input, else 1."""
+    line: str = ""
+    """The command's whole line, when it is not ``not restarted: WHY``."""
 
 
 @dataclass
@@ -193,17 +198,39 @@ class Run:
     """Global rank -> the exception its traceback ended with, in the current attempt."""
     failed_before: dict[int, str] = field(default_factory=dict)
     """Global rank -> the exception it failed with in the attempt before (``repeated``)."""
+    gone: set[str] = field(default_factory=set)
+    """Node containers that will not come back (no restarts left, or removed)."""
+    filters: dict[str, Filter] = field(default_factory=dict)
+    """Each followed container's output filter: the exception a rank failed with."""
+    ended: threading.Event = field(default_factory=threading.Event)
+    """Set once the job is over (``end``)."""
+    status: int = 1
+    """The job's exit status, once ended."""
+    ended_by: str = ""
+    """The container whose end ended the job ('' when the runner ended it)."""
     notes: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
-    def main_service(self) -> str:
-        """The service that holds rank 0 and whose exit ends the job."""
-        return compose.LAUNCHER if self.spec.job.launcher == "mpirun" else compose.HEAD
+    def main_container(self) -> str:
+        """The container whose output is streamed: mpirun's launcher, or the first torchrun node still in the job
+        (c10d gives it rank 0: ``compose.rank_order``)."""
+        if self.spec.job.launcher == "mpirun":
+            return compose.container(self.spec, compose.LAUNCHER)
+        order = compose.rank_order(self.spec)
+        return next((name for name in order if name not in self.gone), order[0])
 
     @property
-    def main_container(self) -> str:
-        return compose.container(self.spec, self.main_service)
+    def nodes(self) -> list[str]:
+        """The services of the job's nodes (restarted when lost): torchrun's, or mpirun's workers."""
+        return compose.node_services(self.spec)
+
+    def end(self, status: int, by: str = "") -> None:
+        """The job is over with ``status`` (the first end counts); the runner then stops every container."""
+        with self.lock:
+            if not self.ended.is_set():
+                self.status, self.ended_by = status, by
+                self.ended.set()
 
     def compose(self, *args: str, every_profile: bool = False) -> list[str]:
         """``docker compose`` for this project; the mpi profile's services when the job runs mpirun."""
@@ -310,7 +337,7 @@ class Run:
         self.say(f"cluster: restart {self.resumptions}: {incident.cause}; {resumed.line().removeprefix('train: ')}")
 
     def give_up(self, why: str, status: int, line: str = "") -> None:
-        """Stop a job that failed in a way no restart can cure (rank 0's node: its agent would restart it).
+        """Stop a job that failed in a way no restart can cure (its agents would restart it).
 
         The rank's line is printed now; why the job was not restarted is the command's own line at the end.
         """
@@ -320,7 +347,19 @@ class Run:
             self.gave_up = Stopped(why, status)
         for said in [line] if line else dict.fromkeys(self.errors):
             self.say(said, sys.stderr)
-        _docker("stop", "--time", str(STOP_GRACE_S), self.main_container)
+        self.end(status)
+
+    def store_lost(self, name: str, code: int) -> None:
+        """The rendezvous store's container stopped while the job ran: no node could join a new round; the job
+        stops (the nodes have their checkpoints)."""
+        with self.lock:
+            self.gave_up = self.gave_up or Stopped(
+                "the rendezvous store was lost",
+                code or 1,
+                f"the rendezvous store ({name}) was lost: it stopped with {describe_status(code)}; run the job "
+                "again to resume from its last checkpoint",
+            )
+        self.end(self.gave_up.status, name)
 
     def unresolved(self) -> None:
         """At the end: the failure the job did not resume from, as the ranks said it (or its cause)."""
@@ -361,28 +400,6 @@ def _docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         raise UsageError("docker is not installed: run `make engine`") from None
 
 
-def _follow_main(run: Run, filt: Filter, since: float) -> None:
-    """Print the main node's app lines until it ends; internals go to the log, failures become one line.
-
-    Only this run's: a container that compose starts again keeps its earlier runs' output in docker logs.
-    """
-    proc = subprocess.Popen(
-        ["docker", "logs", "--follow", "--since", f"{since:.3f}", run.main_container],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    for raw in proc.stdout:
-        line = raw.rstrip("\n")
-        run.log(f"{run.main_service}: {line}")
-        internal = run.take(run.main_container, filt, line)
-        if run.observe(run.main_container, line):
-            continue
-        if not internal or run.verbose:
-            print(line, flush=True)
-
-
 def _ends_with(stop: threading.Event, proc: subprocess.Popen) -> subprocess.Popen:
     """``proc``, killed once ``stop`` is set: a thread blocked reading its output must not outlive the job."""
 
@@ -394,79 +411,99 @@ def _ends_with(stop: threading.Event, proc: subprocess.Popen) -> subprocess.Pope
     return proc
 
 
-def _follow_others(run: Run, stop: threading.Event, since: float) -> None:
-    """The other nodes' failures as one line each (their full output stays in the log).
+def _follow(run: Run, stop: threading.Event, since: float) -> None:
+    """Print the streamed node's app lines (``Run.main_container``); internals and every other node's output go
+    to the log, and every node's failures become one line each.
 
     ``compose logs --follow`` ends when the containers it follows stop; it is started again
-    (from the last line seen) as long as the job runs, so a restarted node is followed too.
-    ``--since`` includes its own time: the lines read again are skipped, or a stopped node's last
-    line (its error, say) would be taken again every second until the node is back.
+    (from the last line seen) as long as the job runs, so a restarted node is followed too; once the job
+    is over, one last pass reads every line of this run that was missed. ``--since`` includes its own
+    time, and a container that compose starts again keeps its earlier runs' output: the lines read
+    again are skipped, or a stopped node's last line (its error, say) would be taken again every second
+    until the node is back.
     """
-    after = f"{since:.3f}"  # this run's lines only, as for the main node
-    seen: set[str] = set()  # the lines taken, each with its node and its time
-    filters: dict[str, Filter] = {}  # each node's tracebacks: the exception a rank failed with
-    while not stop.is_set():
-        args = run.compose("logs", "--follow", "--no-color", "--timestamps", "--since", after, *_other_services(run))
-        proc = _ends_with(stop, subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+    services = [*([compose.LAUNCHER] if run.spec.job.launcher == "mpirun" else []), *run.nodes]
+    after = f"{since:.3f}"  # this run's lines only
+    seen: set[tuple[str, str]] = set()  # the lines taken: node, time and line (compose pads the node's name)
+    while True:
+        follow = not stop.is_set()
+        args = run.compose("logs", *(["--follow"] if follow else []), "--no-color", "--timestamps", "--since",
+                           after if follow else f"{since:.3f}", *services)  # fmt: skip
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        proc = _ends_with(stop, proc) if follow else proc
         try:
             assert proc.stdout is not None
             for raw in proc.stdout:
-                if raw in seen:
-                    continue
-                seen.add(raw)
                 service, _, rest = raw.rstrip("\n").partition(" | ")
-                stamp, _, line = rest.partition(" ")
-                after = stamp or after
-                node = service.strip()
-                run.log(f"{node}: {line}")
-                run.take(node, filters.setdefault(node, Filter()), line)
-                run.observe(node, line)
+                if (service.strip(), rest) not in seen:
+                    seen.add((service.strip(), rest))
+                    after = _take_line(run, service.strip(), rest) or after
         finally:
             proc.kill()
             proc.wait()
+        if not follow:
+            return
         stop.wait(1)
 
 
-def _other_services(run: Run) -> list[str]:
-    return compose.worker_services(run.spec)
+def _take_line(run: Run, service: str, rest: str) -> str:
+    """One line of ``compose logs --timestamps`` (``service | time line``): logged, its failure noted, printed
+    when it is the streamed node's and not internal. Returns its time stamp."""
+    stamp, _, line = rest.partition(" ")
+    node = run.container_of(service)
+    run.log(f"{service}: {line}")
+    internal = run.take(node, run.filters.setdefault(node, Filter()), line)
+    if not run.observe(node, line) and node == run.main_container and (not internal or run.verbose):
+        print(line, flush=True)
+    return stamp
 
 
-def _watch_nodes(run: Run, stop: threading.Event) -> None:
-    """Start again a worker container that stopped while the job runs, up to --max-restarts times."""
+def _watch_nodes(run: Run, stop: threading.Event, since: float) -> None:
+    """Docker's events of this run's containers: a node container lost (docker sent it a signal, or it died of
+    one) is started again, up to --max-restarts times; a node whose torchrun agent ended by itself ends the job
+    (0: every agent finished; else torchrun gave up), as mpirun's launcher does; so does the rendezvous store
+    lost. ``--since``: the events from the run's start, none missed while this reader started."""
     label = f"label=com.docker.compose.project={run.spec.job.name}"
-    args = ["docker", "events", "--filter", label, "--filter", "event=die", "--format", "{{json .}}"]
+    args = ["docker", "events", "--since", f"{since:.3f}", "--filter", label, "--filter", "event=kill", "--filter",
+            "event=die", "--format", "{{json .}}"]  # fmt: skip
+    torchrun = run.spec.job.launcher != "mpirun"
+    signalled: set[str] = set()  # containers that docker sent a signal (kill, stop, rm --force) since they last died
     proc = _ends_with(stop, subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
     try:
         assert proc.stdout is not None
         for raw in proc.stdout:
-            if stop.is_set():
+            if stop.is_set() or run.ended.is_set():
                 break
             event = json.loads(raw)
             attributes = event["Actor"]["Attributes"]
             service, name = attributes.get("com.docker.compose.service"), attributes.get("name", "?")
-            if service not in _other_services(run):
+            if event.get("Action", event.get("status")) == "kill":
+                signalled.add(name)
                 continue
             code = int(attributes.get("exitCode", "0"))
-            if code != 0:  # a node whose agent finished cleanly is done, not failed
+            lost = name in signalled or code >= 128
+            signalled.discard(name)
+            if service == compose.RENDEZVOUS:
+                run.store_lost(name, code)
+            elif service == compose.LAUNCHER or (torchrun and service in run.nodes and not lost):
+                run.end(code, name)
+            elif service in run.nodes and (lost or code != 0):
                 _restart_node(run, name, code, stop)
     finally:
         proc.kill()
         proc.wait()
 
 
-def _running(name: str) -> bool:
-    return _docker("inspect", "--format", "{{.State.Running}}", name).stdout.strip() == "true"
-
-
 def _restart_node(run: Run, name: str, code: int, stop: threading.Event) -> None:
-    if stop.is_set() or not _running(run.main_container):
-        return  # the job is over: compose stops the other nodes
+    if stop.is_set() or run.ended.is_set():
+        return  # the job is over: the runner stops the other nodes
     limit = run.spec.rendezvous.max_restarts
     ranks = run.node_ranks(name)
     which = f"{name} (ranks {ranks[0]}-{ranks[-1]})" if len(ranks) > 1 else name
     shape = run.spec.nodes
     going_on = f"the job goes on with the other nodes (--min-nodes {shape.min_nodes})" if shape.elastic else ""
     if run.restarts >= limit:
+        run.gone.add(name)
         left = f"no restarts left (--max-restarts {limit})"
         run.say(f"cluster: {which} stopped with {describe_status(code)}; {left}{'; ' + going_on if going_on else ''}")
         return
@@ -475,8 +512,10 @@ def _restart_node(run: Run, name: str, code: int, stop: threading.Event) -> None
     run.log(f"cluster: starting {name} again (container restart {run.restarts} of {limit})")
     time.sleep(2)  # Docker's restart policy brings back a crashed container by itself
     state = _docker("inspect", "--format", "{{.State.Running}} {{.State.Restarting}}", name).stdout.split()
-    if not stop.is_set() and "true" not in state and _docker("start", name).returncode != 0 and going_on:
-        run.say(f"cluster: {which} is gone (it cannot be started again); {going_on}")
+    if not stop.is_set() and "true" not in state and _docker("start", name).returncode != 0:
+        run.gone.add(name)
+        if going_on:
+            run.say(f"cluster: {which} is gone (it cannot be started again); {going_on}")
 
 
 RESULTS_DIR = Path("build/results")
@@ -541,80 +580,72 @@ def _up(run: Run, results: Path) -> int:
     run.log(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} cluster up {spec.job.name}")  # a log holds every run's lines
     stop = threading.Event()
     start, since = time.monotonic(), time.time()
-    # Detached: compose starts the nodes (the workers once the head is healthy) and returns; the
-    # job's end is rank 0's node ending, whatever the other nodes do meanwhile.
-    services = [run.main_service] if spec.job.launcher == "mpirun" else []  # mpirun: the launcher and its workers
+    # Detached: compose starts the store and the nodes (once the store is healthy) and returns; the
+    # job's end is a node's agent ending by itself (mpirun's launcher ending), whatever is lost meanwhile.
+    services = [compose.LAUNCHER] if spec.job.launcher == "mpirun" else []  # mpirun: the launcher and its workers
     started = subprocess.run(run.compose("up", "--detach", *services), capture_output=True, text=True,
                              timeout=spec.rendezvous.join_timeout + 300, check=False)  # fmt: skip
     run.log(f"compose up: exit {started.returncode}: {started.stdout}{started.stderr}")
     if _docker("inspect", run.main_container).returncode != 0:
         detail = (started.stderr.strip().splitlines() or ["no output"])[-1]
         raise ClusterError(f"the cluster did not start: {detail}: see {run.log_file}")
-    main_output = Filter()
     threads = [
-        threading.Thread(target=_watch_nodes, args=(run, stop), daemon=True),
-        threading.Thread(target=_follow_others, args=(run, stop, since), daemon=True),
-        threading.Thread(target=_follow_main, args=(run, main_output, since), daemon=True),
+        threading.Thread(target=_watch_nodes, args=(run, stop, since), daemon=True),
+        threading.Thread(target=_follow, args=(run, stop, since), daemon=True),
     ]
     try:
         for thread in threads:
             thread.start()
-        status = _wait_main(run, spec.job.time_limit - (time.monotonic() - start))
+        if not run.ended.wait(max(spec.job.time_limit - (time.monotonic() - start), 1)):
+            run.end(124)
+        if run.status == 0 and not run.gave_up and spec.job.launcher != "mpirun":
+            with contextlib.suppress(subprocess.TimeoutExpired):  # the other agents are leaving torchrun's exit barrier
+                _docker("wait", *compose.rank_order(spec), timeout=STOP_GRACE_S)
+        # The job is over: the nodes still up cannot go on without it; stopped first, reported after.
+        subprocess.run(run.compose("stop", "--timeout", str(STOP_GRACE_S)), capture_output=True, timeout=180,
+                       check=False)  # fmt: skip
     finally:
         stop.set()  # ends the processes the threads read (docker events, compose logs)
     elapsed = time.monotonic() - start
-    # Rank 0's node has ended: the others cannot go on without it; stopped first, reported after.
-    subprocess.run(run.compose("stop", "--timeout", str(STOP_GRACE_S)), capture_output=True, timeout=180, check=False)
-    threads[-1].join(timeout=10)
-    if run.gave_up:
-        status = run.gave_up.status
-    elif 0 < status < 128:  # (the head lost is the cause of the others' complaints: they are not repeated)
+    threads[-1].join(timeout=60)  # its last pass: the lines of this run it had not read
+    status = run.gave_up.status if run.gave_up else run.status
+    if 0 < status < 128 and not run.gave_up:
         run.unresolved()
     _collect(run, results, elapsed)
     run.say(f"cluster: job exit status {status} after {elapsed:.0f}s; logs: {run.log_file} and make cluster-logs; "
             "remove: make cluster-down")  # fmt: skip
     if status:
-        raise ClusterError(_failure(run, status, main_output), status)
+        raise ClusterError(_failure(run, status, run.filters.get(run.main_container, Filter())), status)
     return 0
 
 
 def _failure(run: Run, status: int, output: Filter) -> str:
-    """The job's failure in one line: not restarted, ran out of time, the head lost, or the root cause."""
+    """The job's failure in one line: not restarted, ran out of time, a container lost, or the root cause."""
     spec = run.spec
     if run.gave_up:
-        return f"not restarted: {run.gave_up.why}; the job was stopped"
+        return run.gave_up.line or f"not restarted: {run.gave_up.why}; the job was stopped"
     if status == 124:
         return (
             f"the job ran past its time limit (--time-limit {spec.job.time_limit}s) and was stopped; "
             "see make cluster-logs, then make cluster-down"
         )
+    ended_by = run.ended_by or run.main_container
     if status >= 128:
         return (
-            f"the head node ({run.main_container}: rank 0's node and the rendezvous host) ended with "
-            f"{describe_status(status)}: the job cannot go on without it; the other nodes were stopped; run the "
-            "job again to resume from its last checkpoint"
+            f"{ended_by} ended with {describe_status(status)}: the job cannot go on without it; the other nodes were "
+            "stopped; run the job again to resume from its last checkpoint"
         )
     if output.cause and not output.said_error:
         where = run.where(output.cause_rank) if output.cause_rank is not None else run.main_container
         return f"{where}: {root_cause(output.cause, spec)}"
-    return f"the job failed: {run.main_container} (rank 0's node) ended with {describe_status(status)}; see above"
-
-
-def _wait_main(run: Run, seconds: float) -> int:
-    """The exit status of rank 0's node, or 124 when it runs past ``seconds`` (then it is stopped)."""
-    try:
-        done = _docker("wait", run.main_container, timeout=max(seconds, 1))
-        return int(done.stdout.strip() or 1)
-    except subprocess.TimeoutExpired:
-        _docker("stop", "--time", str(STOP_GRACE_S), run.main_container)
-        return 124
+    which = f"{ended_by} (rank 0's node)" if ended_by == run.main_container else ended_by
+    return f"the job failed: {which} ended with {describe_status(status)}; see above"
 
 
 def _collect(run: Run, results: Path, elapsed: float) -> None:
-    """Copy rank 0's /results home and print the newest summary written during this job."""
+    """Copy the results volume home (through rank 0's node) and print the newest summary written during this job."""
     results.mkdir(parents=True, exist_ok=True)
-    copied = subprocess.run(run.compose("cp", f"{run.main_service}:/results/.", f"{results}/"), capture_output=True,
-                            text=True, timeout=300, check=False)  # fmt: skip
+    copied = _docker("cp", f"{run.main_container}:/results/.", f"{results}/", timeout=300)
     if copied.returncode != 0:
         return
     fresh = [p for p in results.rglob("summary.json") if p.stat().st_mtime >= time.time() - elapsed - 5]

@@ -8,12 +8,15 @@ and no checks; it ships with the package (``COMPOSE_FILE``).
     python -m app topology --nodes 3 --format compose       # the env file alone (stdout)
 
 Every node's host name is its container's name, as ``docker ps`` and the runner show it:
-``<name>-head-1`` (rank 0's node: it serves the c10d rendezvous), ``<name>-worker-<i>``
-(torchrun), or ``<name>-mpi-worker-<i>`` and ``<name>-launcher-1`` (the mpi profile: sshd on
-each worker, mpirun from the launcher). c10d numbers the nodes by sorting their addresses, so
-``rank_order`` is the one statement of which node holds which ranks.
+``<name>-head-1`` and ``<name>-worker-<i>`` (torchrun nodes, all alike: the head is only the first),
+or ``<name>-mpi-worker-<i>`` and ``<name>-launcher-1`` (the mpi profile: sshd on each worker,
+mpirun from the launcher). torchrun's c10d rendezvous lives on a container of its own,
+``<name>-rendezvous-1`` (a TCP store, ``ddp-rendezvous``): no node's loss takes it down. c10d
+numbers the nodes by sorting their addresses, so ``rank_order`` is the one statement of which node
+holds which ranks.
 """
 
+import dataclasses
 import json
 import os
 import shlex
@@ -32,7 +35,9 @@ GPU_FILE = COMPOSE_FILE.with_name("compose.gpu.yaml")
 MAX_NODES = 16
 """The mini-cluster runs on one machine: each node is a container."""
 HEAD = "head"
-"""The service of rank 0's node, the c10d endpoint."""
+"""The service of the first torchrun node (rank 0's while it is in the job)."""
+RENDEZVOUS = "rendezvous"
+"""The service of the c10d rendezvous store (torchrun's --rdzv-endpoint): its loss alone ends the job."""
 WORKER, MPI_WORKER, LAUNCHER = "worker", "mpi-worker", "launcher"
 """The other services: torchrun's workers, the mpi profile's sshd nodes and its mpirun launcher."""
 SCRIPT_MOUNT = "/job"
@@ -94,6 +99,12 @@ def node_ranks(spec: ClusterSpec, name: str) -> list[int]:
     return list(range(node * p, node * p + p))
 
 
+def node_services(spec: ClusterSpec) -> list[str]:
+    """The services of the job's nodes, one container each: the torchrun nodes (head first), or mpirun's workers."""
+    workers = worker_services(spec)
+    return workers if spec.job.launcher == "mpirun" else [HEAD, *workers]
+
+
 def worker_services(spec: ClusterSpec, launcher: str | None = None) -> list[str]:
     """The services of the nodes other than rank 0's (the job's launcher, or ``launcher``): one per container."""
     if (launcher or spec.job.launcher) == "mpirun":
@@ -153,7 +164,8 @@ def env_file(spec: ClusterSpec, folder: Path) -> str:
 
 def nodes_file(spec: ClusterSpec) -> str:
     """The nodes of this spec as compose services (JSON, which compose reads as YAML): each one's host and
-    container name, and its command: torchrun's per-node flag and the job, or the launcher's mpirun job."""
+    container name, and its command: torchrun's per-node flag and the job, the launcher's mpirun job, or the
+    rendezvous store's port."""
     check(spec)
     base, prefix = (GPU_FILE, "gpu-") if spec.nodes.gpus_per_node else (COMPOSE_FILE, "")
     job = render.job_argv(spec, SCRIPT_MOUNT)
@@ -162,14 +174,15 @@ def nodes_file(spec: ClusterSpec) -> str:
         replica = {"extends": {"file": os.fspath(base), "service": prefix + template}, "scale": 1} if template else {}
         return {**replica, "hostname": name, "container_name": name, **settings}
 
-    def torchrun_node(host: Host, template: str = "") -> dict:
-        return node(host.name, template, command=[f"--local-addr={host.name}", *job])  # its c10d address: rank_order
+    def torchrun_node(host: Host) -> dict:  # every torchrun node alike, the head included (it is only the first)
+        return node(host.name, WORKER, command=[f"--local-addr={host.name}", *job])  # its c10d address: rank_order
 
-    head, *workers = torchrun_hosts(spec)
     mpi = worker_services(spec, "mpirun")
+    torchrun = zip([HEAD, *worker_services(spec, "torchrun")], torchrun_hosts(spec), strict=True)
+    port = str(spec.rendezvous.master_port)
     services = {
-        HEAD: torchrun_node(head),
-        **{name: torchrun_node(h, WORKER) for name, h in zip(worker_services(spec, "torchrun"), workers, strict=True)},
+        RENDEZVOUS: node(container(spec, RENDEZVOUS), command=[port]),
+        **{name: torchrun_node(h) for name, h in torchrun},
         **{name: node(h.name, MPI_WORKER) for name, h in zip(mpi, mpi_hosts(spec), strict=True)},
         LAUNCHER: node(
             container(spec, LAUNCHER),
@@ -184,9 +197,11 @@ def node_files(spec: ClusterSpec) -> dict[str, str]:
     """What every node reads from the cluster volume, by file name."""
     check(spec)
     nodes, mpi = torchrun_hosts(spec), mpi_hosts(spec)
+    store = dataclasses.replace(spec.rendezvous, master_addr=container(spec, RENDEZVOUS))  # every node a client
+    torchrun = dataclasses.replace(spec, rendezvous=store)
     return {
-        "torchrun.args": " ".join(render.torchrun_args(spec, nodes)) + "\n",
-        "cluster.env": render.render_env(spec, nodes),
+        "torchrun.args": " ".join(render.torchrun_args(torchrun, nodes)) + "\n",
+        "cluster.env": render.render_env(torchrun, nodes),
         "hostfile": render.render_hostfile(mpi),
         "mpirun.args": " ".join(render.mpirun_args(spec, mpi, "/cluster/hostfile")) + "\n",
     }

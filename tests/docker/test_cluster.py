@@ -148,12 +148,16 @@ def test_compose_file_publishes_nothing_and_isolates_the_network(engine, tmp_pat
     assert config["networks"]["cluster"]["internal"] is True
     assert "version" not in config
     running = {name: s for name, s in services.items() if s.get("scale", 1)}
-    assert sorted(running) == ["head", "init", "launcher", *(f"mpi-worker-{i}" for i in (1, 2, 3)), "worker-1",
-                               "worker-2"]  # fmt: skip
+    assert sorted(running) == ["head", "init", "launcher", *(f"mpi-worker-{i}" for i in (1, 2, 3)), "rendezvous",
+                               "worker-1", "worker-2"]  # fmt: skip
     for name, service in running.items():  # a node's host name is its container's name
         assert name == "init" or service["hostname"] == service["container_name"] == f"ddp-cluster-{name}" + (
-            "-1" if name in ("head", "launcher") else ""
+            "-1" if name in ("head", "launcher", "rendezvous") else ""
         ), service
+    store = services["rendezvous"]  # the c10d store: on the cluster network only, reading the launch files only
+    assert list(store["networks"]) == ["cluster"] and [v["target"] for v in store["volumes"]] == ["/cluster"], store
+    assert store["volumes"][0]["read_only"] and store["entrypoint"] == ["ddp-rendezvous"], store
+    assert services["head"]["depends_on"] == services["worker-1"]["depends_on"], "the head is a node like the others"
 
 
 @pytest.mark.parametrize(("flags", "policy"), [((), "on-failure:3"), (("--max-restarts", "1"), "on-failure:1"),

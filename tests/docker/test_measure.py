@@ -41,7 +41,7 @@ def throttle_image(engine) -> str:
 
 
 def _running_head(project: str, timeout: float = 120) -> str:
-    """The head container's id, as soon as it runs (before the workers start: they wait for it)."""
+    """The head container's id, as soon as it runs (before its job starts: the rendezvous and torch take seconds)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         labels = [f"label=com.docker.compose.project={project}", "label=com.docker.compose.service=head"]

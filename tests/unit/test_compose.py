@@ -15,6 +15,10 @@ SPEC = build({"nodes": {"nodes": 11, "nproc_per_node": 2}, "job": {"name": "demo
 def test_every_node_is_named_as_docker_names_its_container_and_host():
     services = json.loads(compose.nodes_file(SPEC))["services"]
     assert services["head"]["hostname"] == services["head"]["container_name"] == "demo-head-1"
+    assert services["head"]["extends"] == services["worker-3"]["extends"], "the head is a worker like the others"
+    assert services["rendezvous"]["container_name"] == "demo-rendezvous-1" and services["rendezvous"]["command"] == [
+        "29500"
+    ]
     assert services["worker-10"]["hostname"] == services["worker-10"]["container_name"] == "demo-worker-10"
     assert services["mpi-worker-11"]["hostname"] == "demo-mpi-worker-11"
     assert services["worker-3"]["extends"] == {"file": str(compose.COMPOSE_FILE), "service": "worker"}
@@ -42,9 +46,12 @@ def test_the_nodes_get_rendered_files_not_the_spec(tmp_path):
                              "node/torchrun.args", "nodes.yaml"]  # fmt: skip
     assert "CLUSTER_SPEC" not in files["compose.env"] and "{" not in files["compose.env"]
     assert f"NODE_FILES='{tmp_path.resolve()}/node'" in files["compose.env"]
-    assert files["node/torchrun.args"].split() == render.torchrun_args(SPEC, compose.torchrun_hosts(SPEC))
-    assert "--rdzv-endpoint=demo-head-1:29500" in files["node/torchrun.args"]
-    assert "MASTER_ADDR=demo-head-1\n" in files["node/cluster.env"]
+    # The c10d store has a container of its own, whose name matches no node: every node's agent is a client.
+    store = SPEC.as_dict() | {"rendezvous": SPEC.as_dict()["rendezvous"] | {"master_addr": "demo-rendezvous-1"}}
+    assert files["node/torchrun.args"].split() == render.torchrun_args(build(store), compose.torchrun_hosts(SPEC))
+    assert "--rdzv-endpoint=demo-rendezvous-1:29500" in files["node/torchrun.args"]
+    assert "MASTER_ADDR=demo-rendezvous-1\n" in files["node/cluster.env"]
+    assert "MASTER_ADDR=demo-mpi-worker-1" in files["node/mpirun.args"], "mpirun's rank 0 serves its own store"
 
 
 def test_topology_writes_the_compose_files(tmp_path, capsys):

@@ -3,6 +3,7 @@
 each failure (and each restart) as one line. Docker is not asked: the containers' host names are
 given, and ``docker stop`` is recorded."""
 
+import json
 import os
 import shutil
 import threading
@@ -161,7 +162,7 @@ def test_a_full_disk_is_not_restarted(run, capsys):
         "demo-head-1", "error: rank 0 on demo-head-1: cannot resume in /results/f: ... (No space left on device) ..."
     )
     assert capsys.readouterr().err.splitlines() == [line]  # at once; why it was not restarted: the final line
-    assert run.gave_up.status == 1 and run.docker_calls == [("stop", "--time", "10", "demo-head-1")]
+    assert run.gave_up.status == 1 and run.ended.is_set() and run.status == 1  # the runner stops every container
     assert runner._failure(run, 143, Filter()) == (
         "not restarted: every attempt would run out of disk the same way; free space in the volume demo_results, "
         "then run the job again: it resumes from its last checkpoint; the job was stopped"
@@ -212,13 +213,13 @@ def test_the_node_watcher_ends_with_the_job_and_leaves_no_docker_events(tmp_path
     project = f"nowatch-{os.getpid()}"
     job = runner.Run(build({"job": {"name": project}}), tmp_path / "x.env", tmp_path / "x.log")
     stop = threading.Event()
-    watcher = threading.Thread(target=runner._watch_nodes, args=(job, stop), daemon=True)
+    watcher = threading.Thread(target=runner._watch_nodes, args=(job, stop, time.time()), daemon=True)
     watcher.start()
     deadline = time.monotonic() + 30
     while not _docker_events_of(project) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _docker_events_of(project), "the watcher did not start docker events"  # the negative control
-    stop.set()  # what cluster up does when rank 0's node has ended
+    stop.set()  # what cluster up does when the job has ended
     watcher.join(timeout=20)
     left = _docker_events_of(project)
     for pid in left:  # a leak found: clean up after the failed test
@@ -254,7 +255,7 @@ def test_a_failure_that_repeats_on_the_next_attempt_stops_the_restarts(run, caps
     _attempt(run, "demo-head-1", 1, 1, "boom")
     assert run.gave_up is None  # once may be chance
     filt = _attempt(run, "demo-head-1", 1, 1, "boom")
-    assert run.docker_calls == [("stop", "--time", "10", "demo-head-1")]
+    assert run.ended.is_set() and run.status == 1
     assert runner._failure(run, 143, filt) == (
         "not restarted: rank 1 on demo-head-1 failed the same way on two attempts in a row (RuntimeError: boom): a "
         "restart cannot cure it; fix the script, then run the job again; the job was stopped"
@@ -268,3 +269,51 @@ def test_different_failures_or_a_lost_container_keep_the_restarts(run):
     run.failure(runner.CONTAINER, "demo-worker-1 (ranks 2-3) stopped with signal 9 (SIGKILL)")
     _attempt(run, "demo-head-1", 1, 1, "boom at step 7")  # the same, but a container was lost: not the script's
     assert run.gave_up is None
+
+
+def _event(action: str, service: str, code: int | None = None) -> str:
+    """One line of ``docker events --format '{{json .}}'`` for a container of the project ``demo``."""
+    attributes = {"com.docker.compose.service": service, "name": f"demo-{service}" + ("" if "-" in service else "-1")}
+    return json.dumps(
+        {"Action": action, "Actor": {"Attributes": attributes | ({"exitCode": str(code)} if code is not None else {})}}
+    )
+
+
+@pytest.mark.parametrize(
+    ("events", "restarted", "ended"),
+    [
+        ([("kill", "head", None), ("die", "head", 137)], ["demo-head-1"], None),  # docker kill: a node lost
+        (
+            [("kill", "worker-1", None), ("die", "worker-1", 1)],
+            ["demo-worker-1"],
+            None,
+        ),  # docker stop: torchrun exits 1
+        ([("die", "head", 139)], ["demo-head-1"], None),  # died of a signal (a crash, the OOM killer)
+        ([("die", "worker-1", 1)], [], (1, "demo-worker-1")),  # its agent gave up: the job's end
+        ([("kill", "head", None), ("die", "head", 137), ("die", "worker-1", 0)], ["demo-head-1"], (0, "demo-worker-1")),
+        ([("die", "init", 0), ("die", "rendezvous", 137)], [], (137, "demo-rendezvous-1")),
+    ],
+)
+def test_a_node_lost_is_restarted_a_node_that_ended_ends_the_job_and_so_does_the_store_lost(
+    run, monkeypatch, events, restarted, ended
+):
+    lines = [_event(*e) + "\n" for e in events]
+
+    class Events:  # docker events, as read: the lines, then nothing
+        stdout = iter(lines)
+
+        def kill(self) -> None: ...
+
+        def wait(self) -> None: ...
+
+    monkeypatch.setattr(runner.subprocess, "Popen", lambda *_, **__: Events())
+    calls = []
+    monkeypatch.setattr(runner, "_restart_node", lambda _run, name, code, _stop: calls.append(name))
+    runner._watch_nodes(run, threading.Event(), 0.0)
+    assert calls == restarted
+    assert (run.status, run.ended_by) == ended if ended else not run.ended.is_set()
+    if ended and ended[1] == "demo-rendezvous-1":
+        assert runner._failure(run, run.status, Filter()) == (
+            "the rendezvous store (demo-rendezvous-1) was lost: it stopped with signal 9 (SIGKILL); run the job again "
+            "to resume from its last checkpoint"
+        )
