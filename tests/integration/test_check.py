@@ -42,7 +42,7 @@ def test_single_process(tmp_path) -> None:
     assert "result: ok" in done.stdout
 
 
-@pytest.mark.parametrize("nproc", [1, 2, 4])
+@pytest.mark.parametrize("nproc", [1, 4])  # a world of one, and of several
 def test_torchrun(tmp_path, nproc: int) -> None:
     done = run_torchrun(nproc, ["check", "--json", str(tmp_path / "c.json")])
     assert done.returncode == 0, done.stderr[-2000:]
@@ -50,7 +50,7 @@ def test_torchrun(tmp_path, nproc: int) -> None:
     assert done.stdout.count("ddp-cluster check:") == 1  # rank 0 alone prints
 
 
-@pytest.mark.parametrize("nproc", [1, 2, 4])
+@pytest.mark.parametrize("nproc", [1, 4])  # a world of one, and of several
 def test_mpirun(tmp_path, nproc: int) -> None:
     done = run_mpirun(nproc, ["check", "--json", str(tmp_path / "c.json")], tmp_path / "rdzv")
     assert done.returncode == 0, done.stderr[-2000:]

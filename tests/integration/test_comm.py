@@ -29,7 +29,7 @@ def _assert_clean(report: dict, world: int, launcher: str) -> None:
     assert report["memcpy"]["gbps"] > 0 and set(report["summary"]) == set(OPS)
 
 
-@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("nproc", [4])  # (2 ranks: under mpirun below; 3: the half-precision sums)
 def test_torchrun(tmp_path, nproc: int) -> None:
     done = run_torchrun(nproc, ["comm", *QUICK, "--json", str(tmp_path / "c.json")])
     assert done.returncode == 0, done.stderr[-3000:]
@@ -38,7 +38,7 @@ def test_torchrun(tmp_path, nproc: int) -> None:
     assert "# all_to_all" in done.stdout and "# memcpy ceiling:" in done.stdout
 
 
-@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("nproc", [2])
 def test_mpirun(tmp_path, nproc: int) -> None:
     done = run_mpirun(nproc, ["comm", *QUICK, "--json", str(tmp_path / "c.json")], tmp_path / "rdzv")
     assert done.returncode == 0, done.stderr[-3000:]
