@@ -1,5 +1,5 @@
 """``python -m app gate``: a node's health gate before it joins a job again: the doctor's checks toward
-the rendezvous host, and its devices against the figures it recorded at the job's start.
+the rendezvous host, and its devices against the figures the job's nodes recorded at its start.
 
     python -m app gate --torchrun-args /cluster/torchrun.args                  # judge once: exit 0, or 3 kept out
     python -m app gate --torchrun-args /cluster/torchrun.args --retry-every 10 # ddp-node's: wait until it passes
@@ -9,17 +9,19 @@ The image's node entrypoint (docker/bin/ddp-node) runs it on every node before t
 
   first start    no record of this node (RECORDS/<host>.json) yet: it measures its devices as app check
                  does (app/diagnostics/health.py: n x n matrix products, a copy; --device-seconds each
-                 device; every visible GPU, else the CPU) and records them, written atomically; it passes
+                 device; every visible GPU, else the CPU) and records them, written atomically; it passes.
+                 The job's figures are the median of its nodes' records, device by device (the nodes of
+                 a job are alike: the spec gives them one shape); a node that shares no folder with the
+                 others (Ansible's per-node /results) has its own
   started again  its record is there (a container started again, a node back in the same job): the
                  doctor's checks (the rendezvous host's name resolves, the interface towards it, this
                  host's name, the rendezvous port answers within --timeout; app/diagnostics/doctor.py),
                  then its devices measured again (twice when the first falls short: each figure's
-                 better one counts); a figure below --fail-below x its recorded one, or a failed
-                 check, keeps the node out with one line:
+                 better one counts); a figure below --fail-below x the job's, or a failed check,
+                 keeps the node out with one line:
                  ``gate: kept out: device check 4.1 GFLOP/s against the job's 36.2 (fail below 0.5)``
 
-A node is judged against itself: what its own devices did when the job started (``app check``
-compares the nodes with each other). With --retry-every S the node kept out says so once and is
+With --retry-every S the node kept out says so once and is
 judged again every S seconds, in the same process, until it passes (``gate: passed after 40 s kept
 out: ...``); ddp-node then starts torchrun, whose agent joins the job's next rendezvous round (the
 running agents restart their workers with it: the world grows again). Nothing is counted against
@@ -30,6 +32,7 @@ Exit status: 0 passed (or recorded), 3 kept out (without --retry-every), 2 bad i
 
 import argparse
 import json
+import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -64,7 +67,7 @@ class GateConfig:
     """torchrun's arguments (ddp-node's /cluster/torchrun.args): the rendezvous the doctor checks; none: devices
     only."""
     fail_below: float = field(default=0.5, metadata=flag(metavar="FRACTION"))
-    """Keep the node out when a device figure is below FRACTION x the one it recorded at the job's start."""
+    """Keep the node out when a device figure is below FRACTION x the job's at its start."""
     device_seconds: float = field(default=health.SECONDS, metadata=flag(metavar="S"))
     """Seconds measuring each device (matrix product, then copy), as app check's --device-seconds."""
     timeout_s: float = field(default=5.0, metadata=flag(option="--timeout", metavar="S"))
@@ -85,7 +88,7 @@ class GateConfig:
 
 
 def shortfall(now: list[health.DeviceHealth], start: list[health.DeviceHealth], fail_below: float) -> str | None:
-    """Why this node's devices keep it out (the first figure below ``fail_below`` x its start), or None.
+    """Why this node's devices keep it out (the first figure below ``fail_below`` x the job's), or None.
 
     A device recorded at the start and not measured now fails too. Names the device when there are several.
     """
@@ -104,6 +107,16 @@ def shortfall(now: list[health.DeviceHealth], start: list[health.DeviceHealth], 
                     f"{reference} (fail below {fail_below:g})"
                 )
     return None
+
+
+def job_figures(mine: list[health.DeviceHealth], records: list[list[health.DeviceHealth]]) -> list[health.DeviceHealth]:
+    """The job's figures for this node's devices (``mine``, its own record): the median of every record's, device
+    by device."""
+    found = []
+    for own in mine:
+        same = [d for devices in records for d in devices if d.device == own.device] or [own]
+        found.append(replace(own, **{m: statistics.median(getattr(d, m) for d in same) for m in health.METRICS}))
+    return found
 
 
 def best(a: list[health.DeviceHealth], b: list[health.DeviceHealth]) -> list[health.DeviceHealth]:
@@ -143,6 +156,11 @@ def read_record(path: Path) -> list[health.DeviceHealth] | None:
         return [health.DeviceHealth(**d) for d in json.loads(path.read_text())["devices"]]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def read_records(folder: Path) -> list[list[health.DeviceHealth]]:
+    """Every node's record in ``folder``."""
+    return [found for path in sorted(folder.glob("*.json")) if (found := read_record(path))]
 
 
 def record(path: Path, host: str, figures: list[health.DeviceHealth]) -> str:
@@ -244,6 +262,7 @@ def run(args: argparse.Namespace) -> int:
     if start is None:
         print(record(path, mine.host, measure(cfg.device_seconds)), flush=True)
         return 0
+    start = job_figures(start, read_records(cfg.records))
     judged = judge(cfg, mine, start)
     if judged.why is None:
         print(passed(judged, start, f"in {time.monotonic() - began:.1f} s"), flush=True)

@@ -1,4 +1,4 @@
-"""The health gate (app gate): its verdict on given figures (a node against its own figures at the job's start),
+"""The health gate (app gate): its verdict on given figures (a node against the job's figures at its start),
 the rendezvous it reads from torchrun's arguments, its records, and the one line and exit status 3 of a node
 kept out (a real measurement against start figures no CPU reaches)."""
 
@@ -47,6 +47,17 @@ def test_with_several_gpus_the_slow_one_is_named_and_a_missing_one_fails() -> No
         gate.shortfall(gpus(690, 700), start, 0.5)
         == "device check cuda:2 is missing (the job started with 3 device(s))"
     )
+
+
+def test_the_jobs_figures_are_the_median_of_its_nodes_records_device_by_device() -> None:
+    head, worker, third = [cpu(46e9, 3.5)], [cpu(5e9, 0.8)], [cpu(40e9, 3.1)]
+    [job] = gate.job_figures(worker, [head, worker, third])
+    assert (job.flops, job.copy_gbps) == (40e9, 3.1)  # the worker measured at a busy start counts no more than one
+    [pair] = gate.job_figures(worker, [head, worker])
+    assert (pair.flops, pair.copy_gbps) == pytest.approx((25.5e9, 2.15))
+    assert gate.job_figures(head, []) == head  # no other record: its own
+    node = gpus(690, 700)
+    assert [d.flops for d in gate.job_figures(node, [node, gpus(710, 300), [CPU_START]])] == [700e12, 500e12]
 
 
 def test_of_two_measurements_each_figure_keeps_its_better_value() -> None:
