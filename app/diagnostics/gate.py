@@ -41,7 +41,7 @@ import torch
 
 from app import flags
 from app.atomic import atomic_write_text
-from app.diagnostics import doctor, health, outliers
+from app.diagnostics import doctor, health
 from app.errors import ClusterError, UsageError
 from app.flags import flag
 from app.runtime import launcher
@@ -54,6 +54,8 @@ C10D_PORT = 29400
 """torchrun's port of a c10d endpoint given without one."""
 STATIC_PORT = 29500
 """torchrun's --master-port default (a static rendezvous)."""
+Rendezvous = tuple[str, int, bool]
+"""(host, port, whether this node serves it)."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,10 @@ class GateConfig:
     """0: judge once (exit 3 when kept out); S: say it once, then judge again every S seconds until it passes."""
 
     def __post_init__(self) -> None:
-        outliers.check_fraction(self.fail_below)
+        if not 0 < self.fail_below <= 1:
+            raise UsageError(
+                f"--fail-below {self.fail_below:g} must be a fraction of the job's figures in (0, 1], e.g. 0.5"
+            )
         for name, value in (("--device-seconds", self.device_seconds), ("--timeout", self.timeout_s)):
             if value <= 0:
                 raise UsageError(f"{name} {value:g} must be a positive number of seconds")
@@ -174,7 +179,7 @@ def record(path: Path, host: str, figures: list[health.DeviceHealth]) -> str:
     return f"gate: {host} at the job's start: {describe(figures)}; recorded in {path}"
 
 
-def rendezvous(args_file: Path) -> tuple[str, int, bool]:
+def rendezvous(args_file: Path) -> Rendezvous:
     """(host, port, whether this node serves it) of the torchrun arguments in ``args_file`` (torchrun's parser)."""
     from torch.distributed.run import get_args_parser  # torchrun's own reading of its arguments
 
@@ -185,8 +190,9 @@ def rendezvous(args_file: Path) -> tuple[str, int, bool]:
     parsed, _ = get_args_parser().parse_known_args([*words, "job"])
     if parsed.rdzv_backend == "static":
         return parsed.master_addr, parsed.master_port or STATIC_PORT, parsed.node_rank == 0
-    host, colon, port = parsed.rdzv_endpoint.rpartition(":")
-    return (host, int(port), False) if colon else (port, C10D_PORT, False)
+    endpoint = parsed.rdzv_endpoint
+    host, colon, port = endpoint.rpartition(":")
+    return (host, int(port), False) if colon else (endpoint, C10D_PORT, False)
 
 
 def doctor_view(mine: ProcessInfo, host: str, port: int, serves: bool) -> ProcessInfo:
@@ -208,11 +214,12 @@ def doctor_view(mine: ProcessInfo, host: str, port: int, serves: bool) -> Proces
     )
 
 
-def checks(cfg: GateConfig, mine: ProcessInfo) -> str | None:
-    """The doctor's checks towards the rendezvous (names, interface, port): the first failure's line, or None."""
-    if cfg.torchrun_args is None:
+def checks(cfg: GateConfig, mine: ProcessInfo, where: Rendezvous | None) -> str | None:
+    """The doctor's checks towards the rendezvous ``where`` (names, interface, port): the first failure's line, or
+    None."""
+    if where is None:
         return None
-    host, port, serves = rendezvous(cfg.torchrun_args)
+    host, port, serves = where
     serves = serves or host in (mine.host, "localhost", "127.0.0.1")
     proc = doctor_view(mine, host, port, serves)
     dist_cfg = DistConfig(timeout_s=cfg.timeout_s)
@@ -233,8 +240,8 @@ class Judged:
     figures: list[health.DeviceHealth]
 
 
-def judge(cfg: GateConfig, mine: ProcessInfo, start: list[health.DeviceHealth]) -> Judged:
-    why = checks(cfg, mine)
+def judge(cfg: GateConfig, mine: ProcessInfo, where: Rendezvous | None, start: list[health.DeviceHealth]) -> Judged:
+    why = checks(cfg, mine, where)
     if why is not None:
         return Judged(why, [])
     figures = measure(cfg.device_seconds)
@@ -256,6 +263,7 @@ def run(args: argparse.Namespace) -> int:
     """Record this node's figures (first start), or judge it: 0 passed, 3 kept out (ClusterError)."""
     cfg = flags.from_args(GateConfig, args)
     mine = launcher.detect(need_master=False)
+    where = rendezvous(cfg.torchrun_args) if cfg.torchrun_args else None  # bad input fails at any start
     began = time.monotonic()
     path = cfg.records / f"{mine.host}.json"
     start = read_record(path)
@@ -263,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
         print(record(path, mine.host, measure(cfg.device_seconds)), flush=True)
         return 0
     start = job_figures(start, read_records(cfg.records))
-    judged = judge(cfg, mine, start)
+    judged = judge(cfg, mine, where, start)
     if judged.why is None:
         print(passed(judged, start, f"in {time.monotonic() - began:.1f} s"), flush=True)
         return 0
@@ -273,6 +281,6 @@ def run(args: argparse.Namespace) -> int:
     kept = time.monotonic()
     while judged.why is not None:
         time.sleep(cfg.retry_every)
-        judged = judge(cfg, mine, start)
+        judged = judge(cfg, mine, where, start)
     print(passed(judged, start, f"after {time.monotonic() - kept:.0f} s kept out"), flush=True)
     return 0

@@ -95,12 +95,21 @@ def test_records_round_trip_and_an_unwritable_folder_is_one_line(tmp_path) -> No
 
 
 def test_bad_values_are_one_line() -> None:
-    with pytest.raises(UsageError, match=r"--fail-below 1.5 must be a fraction"):
+    with pytest.raises(UsageError, match=r"--fail-below 1.5 must be a fraction of the job.s figures"):
         gate.GateConfig(fail_below=1.5)
     with pytest.raises(UsageError, match=r"--retry-every -1 must be >= 0"):
         gate.GateConfig(retry_every=-1)
     with pytest.raises(UsageError, match=r"--timeout 0 must be a positive number of seconds"):
         gate.GateConfig(timeout_s=0)
+
+
+def test_missing_torchrun_arguments_are_bad_input_at_any_start(tmp_path, capsys) -> None:
+    missing = tmp_path / "torchrun.args"
+    flags = ["gate", "--records", str(tmp_path / "gate"), "--torchrun-args", str(missing), "--log-dir", str(tmp_path)]
+    assert cli.main(flags) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line == f"error: --torchrun-args {missing}: No such file or directory [exit 2]"
+    assert not (tmp_path / "gate").exists()  # nothing recorded
 
 
 def test_a_node_below_its_start_figures_is_kept_out_with_one_line_and_exit_3(tmp_path, capsys) -> None:
