@@ -13,7 +13,7 @@ The image's node entrypoint (docker/bin/ddp-node) runs it on every node before t
                  The job's figures are the median of its nodes' records, device by device (the nodes of
                  a job are alike: the spec gives them one shape); a node that shares no folder with the
                  others (Ansible's per-node /results) has its own
-  started again  its record is there (a container started again, a node back in the same job): the
+  started again  its record is there (a container started again; a later job on the same results): the
                  doctor's checks (the rendezvous host's name resolves, the interface towards it, this
                  host's name, the rendezvous port answers within --timeout; app/diagnostics/doctor.py),
                  then its devices measured again (twice when the first falls short: each figure's
@@ -21,11 +21,11 @@ The image's node entrypoint (docker/bin/ddp-node) runs it on every node before t
                  keeps the node out with one line:
                  ``gate: kept out: device check 4.1 GFLOP/s against the job's 36.2 (fail below 0.5)``
 
-With --retry-every S the node kept out says so once and is
-judged again every S seconds, in the same process, until it passes (``gate: passed after 40 s kept
-out: ...``); ddp-node then starts torchrun, whose agent joins the job's next rendezvous round (the
-running agents restart their workers with it: the world grows again). Nothing is counted against
-the job's restarts meanwhile. The cluster runner shows both lines (docs/faults.md).
+With --retry-every S the node kept out says so once and is judged again every S seconds, in the
+same process, until it passes (``gate: passed after 40 s kept out: ...``); ddp-node then starts
+torchrun, whose agent joins the job's next rendezvous round (the running agents restart their
+workers with it: the world grows again). Nothing is counted against the job's restarts meanwhile.
+The cluster runner shows both lines (docs/faults.md).
 
 Exit status: 0 passed (or recorded), 3 kept out (without --retry-every), 2 bad input.
 """
