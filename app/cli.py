@@ -30,6 +30,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "provision nodes and run the job across them with Ansible (ansible/deploy.yml)",
     ),
     "doctor": ("app.diagnostics.doctor", "rendezvous doctor: MASTER_ADDR, port, interface, host names, world of one"),
+    "gate": (
+        "app.diagnostics.gate",
+        "a node's health gate before it rejoins: the doctor's checks, devices vs the job's start",
+    ),
 }
 
 

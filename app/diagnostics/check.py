@@ -76,7 +76,7 @@ class CheckConfig:
     """Make RANK send a wrong value in OP, to prove the check catches it (repeatable)."""
     json: str | None = field(default=None, metadata=flag(metavar="PATH"))
     """Also write the report as JSON to PATH ('-' for stdout)."""
-    device_seconds: float = field(default=2.0, metadata=flag(metavar="S"))
+    device_seconds: float = field(default=health.SECONDS, metadata=flag(metavar="S"))
     """Seconds each rank spends measuring its device (matrix product, then copy), all at once; 0 skips it."""
     k: float = outliers.DEFAULT_K
     """A rank's device is slow below median / s^k over the ranks (the outlier rule of app links)."""

@@ -40,6 +40,8 @@ MIN_SAMPLE_S = 0.2
 """Shortest sample: longer than the CFS quota period (100 ms) that docker --cpus enforces."""
 MIN_RANKS = 3
 """The outlier rule judges 3 or more ranks (fewer: only fail_below)."""
+SECONDS = 2.0
+"""Default time to measure one device (app check's --device-seconds, app gate's)."""
 
 
 def matmul_dtype(device: torch.device) -> torch.dtype:
@@ -108,7 +110,7 @@ def memcpy_gbps(device: torch.device, nbytes: int, budget_s: float) -> float:
     return rate(lambda: dst.copy_(src), nbytes, device, budget_s) / 1e9
 
 
-def measure(device: torch.device, seconds: float = 2.0) -> DeviceHealth:
+def measure(device: torch.device, seconds: float = SECONDS) -> DeviceHealth:
     """Measure ``device`` in about ``seconds`` (half for the product, half for the copy)."""
     start = time.perf_counter()
     flops, n = matmul_flops(device, seconds / 2)

@@ -65,6 +65,9 @@ _BANNER = re.compile(
 )
 _WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 _APP_ERROR = re.compile(r"^error: (?:rank \d+ on \S+: )?(?P<cause>.*?)(?: \[exit (?P<status>\d+)(?:; log \S+)?\])?$")
+_GATE = "gate: "
+"""A node's health gate (app gate): its lines are the runner's to say (``Run.gated``)."""
+_KEPT_OUT, _PASSED_AFTER = f"{_GATE}kept out: ", f"{_GATE}passed after "
 _NO_SPACE = ("No space left on device", "Disk quota exceeded")
 """What the app's line says (the OS's words for ENOSPC and EDQUOT) when the results volume is full."""
 CONTAINER, KILLED, SILENT, ERROR, EXITED = range(5)
@@ -121,7 +124,7 @@ class Filter:
                 if rank is not None:
                     self.raised.append((rank, text.strip()))
             return True
-        return bool(prefix or _GLOG.match(line) or _BANNER.match(line))
+        return bool(prefix or _GLOG.match(line) or _BANNER.match(line) or text.startswith(_GATE))
 
     def _keep(self, exception: str, rank: int | None) -> None:
         if not self.cause or _is_torchruns(self.cause):  # the app's first exception wins over torchrun's last
@@ -278,10 +281,24 @@ class Run:
         if line.startswith("error: "):
             self.app_error(line)
             return True
+        if line.startswith((_KEPT_OUT, _PASSED_AFTER)):
+            self.gated(node, line)
+            return True
         if resumed := progress.parse(line):
             self.resumed(resumed, line)
             return True
         return False
+
+    def gated(self, node: str, line: str) -> None:
+        """A node's gate kept it out (not a restart: nothing is counted), or let it in after keeping it out."""
+        container = self.container_of(node)
+        if line.startswith(_PASSED_AFTER):
+            passed = line.removeprefix(f"{_GATE}passed ")
+            self.say(f"cluster: node {container} passed its gate {passed}; it joins at the next rendezvous round")
+            return
+        shape = self.spec.nodes
+        going_on = f"; the job goes on with the other nodes (--min-nodes {shape.min_nodes})" if shape.elastic else ""
+        self.say(f"cluster: node {container} {line.removeprefix(_GATE)}{going_on}")
 
     def take(self, node: str, filt: Filter, line: str) -> bool:
         """``filt``'s reading of ``line`` of ``node``'s output (True: internal); the exceptions it ended noted."""

@@ -17,8 +17,9 @@ Hooks, on the first attempt only (the process found no --marker when it started)
     --hang-s S: sleeps S seconds once, inside the step (a rank that hangs past --timeout; the hang test
       expects the flight recorder to name the sleep's line)
   and from then on sleeps --slow-ms per step (the others wait for it), so a test can act at a known step.
-Always: --sleep-rank R sleeps --sleep-ms per step (a straggler); --first-steps FILE gets one JSON line
-per process with its first completed step and the time (``make bench-faults``).
+Always: --sleep-rank R sleeps --sleep-ms per step (a straggler), with --sleep-below-world N only while
+the job has fewer than N ranks (the shrunk job waits for a node to rejoin); --first-steps FILE gets one
+JSON line per process with its first completed step and the time (``make bench-faults``).
 """
 
 import argparse
@@ -47,6 +48,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--hang-s", type=float, default=0)
     parser.add_argument("--sleep-rank", type=int, default=-1)
     parser.add_argument("--sleep-ms", type=float, default=0)
+    parser.add_argument("--sleep-below-world", type=int, default=0)
     parser.add_argument("--first-steps", type=Path)
     return parser.parse_args(hooks), train_args
 
@@ -78,7 +80,8 @@ def fault_hook(opts: argparse.Namespace):
             line = {"rank": trainer.rank, "restart": trainer.ctx.proc.restart_count, "step": step, "time": time.time()}
             with open(opts.first_steps, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(line) + "\n")
-        if trainer.rank == opts.sleep_rank:
+        whole = opts.sleep_below_world and trainer.ctx.proc.world_size >= opts.sleep_below_world
+        if trainer.rank == opts.sleep_rank and not whole:
             time.sleep(opts.sleep_ms / 1000)
         if armed and step == opts.fault_at_step and trainer.rank == opts.fault_rank:
             info = {"step": step, "rank": trainer.rank, "host": socket.gethostname(), "pid": os.getpid()}

@@ -317,3 +317,20 @@ def test_a_node_lost_is_restarted_a_node_that_ended_ends_the_job_and_so_does_the
             "the rendezvous store (demo-rendezvous-1) was lost: it stopped with signal 9 (SIGKILL); run the job again "
             "to resume from its last checkpoint"
         )
+
+
+def test_a_node_kept_out_by_its_gate_is_one_line_and_no_restart(run, capsys):
+    kept = "gate: kept out: device check 4.1 GFLOP/s against the job's 36.2 (fail below 0.5); tried again every 10 s"
+    assert run.observe("worker-1", kept)
+    assert capsys.readouterr().out.splitlines() == [
+        "cluster: node demo-worker-1 kept out: device check 4.1 GFLOP/s against the job's 36.2 (fail below 0.5); "
+        "tried again every 10 s"
+    ]
+    assert run.restarts == 0 and run.incident is None  # nothing counted against --max-restarts
+    back = "gate: passed after 40 s kept out: cpu 35.0 GFLOP/s, 3.1 GB/s copy against the job's cpu 36.2 GFLOP/s, 3.0 GB/s copy"
+    assert run.observe("worker-1", back)
+    assert capsys.readouterr().out == (
+        "cluster: node demo-worker-1 passed its gate after 40 s kept out: cpu 35.0 GFLOP/s, 3.1 GB/s copy against "
+        "the job's cpu 36.2 GFLOP/s, 3.0 GB/s copy; it joins at the next rendezvous round\n"
+    )
+    assert Filter().is_internal("gate: passed in 4.2 s: cpu 35.0 GFLOP/s, 3.1 GB/s copy against the job's ...")

@@ -1,0 +1,286 @@
+"""``python -m app gate``: a node's health gate before it joins a job again: the doctor's checks toward
+the rendezvous host, and its devices against the figures the job's nodes recorded at its start.
+
+    python -m app gate --torchrun-args /cluster/torchrun.args                  # judge once: exit 0, or 3 kept out
+    python -m app gate --torchrun-args /cluster/torchrun.args --retry-every 10 # ddp-node's: wait until it passes
+    python -m app gate --records runs/gate                                     # devices only (no rendezvous)
+
+The image's node entrypoint (docker/bin/ddp-node) runs it on every node before torchrun:
+
+  first start    no record of this node (RECORDS/<host>.json) yet: it measures its devices as app check
+                 does (app/diagnostics/health.py: n x n matrix products, a copy; --device-seconds each
+                 device; every visible GPU, else the CPU) and records them, written atomically; it passes.
+                 The job's figures are the median of its nodes' records, device by device (the nodes of
+                 a job are alike: the spec gives them one shape); a node that shares no folder with the
+                 others (Ansible's per-node /results) has its own
+  started again  its record is there (a container started again; a later job on the same results): the
+                 doctor's checks (the rendezvous host's name resolves, the interface towards it, this
+                 host's name, the rendezvous port answers within --timeout; app/diagnostics/doctor.py),
+                 then its devices measured again (twice when the first falls short: each figure's
+                 better one counts); a figure below --fail-below x the job's, or a failed check,
+                 keeps the node out with one line:
+                 ``gate: kept out: device check 4.1 GFLOP/s against the job's 36.2 (fail below 0.5)``
+
+With --retry-every S the node kept out says so once and is judged again every S seconds, in the
+same process, until it passes (``gate: passed after 40 s kept out: ...``); ddp-node then starts
+torchrun, whose agent joins the job's next rendezvous round (the running agents restart their
+workers with it: the world grows again). Nothing is counted against the job's restarts meanwhile.
+The cluster runner shows both lines (docs/faults.md).
+
+Exit status: 0 passed (or recorded), 3 kept out (without --retry-every), 2 bad input.
+"""
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from app import flags
+from app.atomic import atomic_write_text
+from app.diagnostics import doctor, health
+from app.errors import ClusterError, UsageError
+from app.flags import flag
+from app.runtime import launcher
+from app.runtime.distributed import DistConfig
+from app.runtime.launcher import Launcher, ProcessInfo
+
+KEPT_OUT = 3
+"""Exit status of a node that the gate keeps out."""
+C10D_PORT = 29400
+"""torchrun's port of a c10d endpoint given without one."""
+STATIC_PORT = 29500
+"""torchrun's --master-port default (a static rendezvous)."""
+Rendezvous = tuple[str, int, bool]
+"""(host, port, whether this node serves it)."""
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """Gate: where the job's figures are, what it checks, how it waits."""
+
+    records: Path = field(default=Path("/results/gate"), metadata=flag(metavar="DIR"))
+    """Each node's device figures at the job's start, one <host>.json (every engine mounts the job's results
+    at /results)."""
+    torchrun_args: Path | None = field(default=None, metadata=flag(metavar="PATH"))
+    """torchrun's arguments (ddp-node's /cluster/torchrun.args): the rendezvous the doctor checks; none: devices
+    only."""
+    fail_below: float = field(default=0.5, metadata=flag(metavar="FRACTION"))
+    """Keep the node out when a device figure is below FRACTION x the job's at its start."""
+    device_seconds: float = field(default=health.SECONDS, metadata=flag(metavar="S"))
+    """Seconds measuring each device (matrix product, then copy), as app check's --device-seconds."""
+    timeout_s: float = field(default=5.0, metadata=flag(option="--timeout", metavar="S"))
+    """Seconds the rendezvous port has to answer."""
+    retry_every: float = field(default=0.0, metadata=flag(metavar="S"))
+    """0: judge once (exit 3 when kept out); S: say it once, then judge again every S seconds until it passes."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.fail_below <= 1:
+            raise UsageError(
+                f"--fail-below {self.fail_below:g} must be a fraction of the job's figures in (0, 1], e.g. 0.5"
+            )
+        for name, value in (("--device-seconds", self.device_seconds), ("--timeout", self.timeout_s)):
+            if value <= 0:
+                raise UsageError(f"{name} {value:g} must be a positive number of seconds")
+        if self.retry_every < 0:
+            raise UsageError(f"--retry-every {self.retry_every:g} must be >= 0 (0 judges once)")
+
+
+# --- the verdict: pure functions of the figures ---------------------------------------------------
+
+
+def shortfall(now: list[health.DeviceHealth], start: list[health.DeviceHealth], fail_below: float) -> str | None:
+    """Why this node's devices keep it out (the first figure below ``fail_below`` x the job's), or None.
+
+    A device recorded at the start and not measured now fails too. Names the device when there are several.
+    """
+    measured = {d.device: d for d in now}
+    for then in start:
+        named = f"{then.device} " if len(start) > 1 else ""
+        found = measured.get(then.device)
+        if found is None:
+            return f"device check {then.device} is missing (the job started with {len(start)} device(s))"
+        for metric in health.METRICS:
+            value, before = getattr(found, metric), getattr(then, metric)
+            if value < fail_below * before:
+                reference = health.figure(metric, before, then.device).split(" ")[0]
+                return (
+                    f"device check {named}{health.figure(metric, value, then.device)} against the job's "
+                    f"{reference} (fail below {fail_below:g})"
+                )
+    return None
+
+
+def job_figures(mine: list[health.DeviceHealth], records: list[list[health.DeviceHealth]]) -> list[health.DeviceHealth]:
+    """The job's figures for this node's devices (``mine``, its own record): the median of every record's, device
+    by device."""
+    found = []
+    for own in mine:
+        same = [d for devices in records for d in devices if d.device == own.device] or [own]
+        found.append(replace(own, **{m: statistics.median(getattr(d, m) for d in same) for m in health.METRICS}))
+    return found
+
+
+def best(a: list[health.DeviceHealth], b: list[health.DeviceHealth]) -> list[health.DeviceHealth]:
+    """Each device's better figures of two measurements (a busy moment is not a sick device)."""
+    other = {d.device: d for d in b}
+    kept = []
+    for d in a:
+        o = other.get(d.device, d)
+        kept.append(replace(d, **{m: max(getattr(d, m), getattr(o, m)) for m in health.METRICS}))
+    return kept
+
+
+def describe(figures: list[health.DeviceHealth]) -> str:
+    """``cpu 36.2 GFLOP/s, 3.1 GB/s copy`` for every device."""
+    return "; ".join(
+        f"{d.device} {health.figure('flops', d.flops, d.device)}, {health.figure('copy_gbps', d.copy_gbps, d.device)}"
+        for d in figures
+    )
+
+
+# --- this node -------------------------------------------------------------------------------------
+
+
+def devices() -> list[torch.device]:
+    """Every visible GPU, else the CPU."""
+    count = torch.cuda.device_count()
+    return [torch.device("cuda", i) for i in range(count)] if count else [torch.device("cpu")]
+
+
+def measure(seconds: float) -> list[health.DeviceHealth]:
+    return [health.measure(device, seconds) for device in devices()]
+
+
+def read_record(path: Path) -> list[health.DeviceHealth] | None:
+    """The figures recorded at the job's start; None when there are none (or they do not read: recorded again)."""
+    try:
+        return [health.DeviceHealth(**d) for d in json.loads(path.read_text())["devices"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def read_records(folder: Path) -> list[list[health.DeviceHealth]]:
+    """Every node's record in ``folder``."""
+    return [found for path in sorted(folder.glob("*.json")) if (found := read_record(path))]
+
+
+def record(path: Path, host: str, figures: list[health.DeviceHealth]) -> str:
+    """Write the start figures; the line that says so (or why they could not be kept)."""
+    body = {"host": host, "time": time.time(), "devices": [asdict(d) for d in figures]}
+    try:
+        atomic_write_text(path, json.dumps(body, indent=2) + "\n")
+    except OSError as error:
+        why = error.strerror or error
+        return f"gate: cannot record {host}'s figures in {path.parent} ({why}): not judged on a restart"
+    return f"gate: {host} at the job's start: {describe(figures)}; recorded in {path}"
+
+
+def rendezvous(args_file: Path) -> Rendezvous:
+    """(host, port, whether this node serves it) of the torchrun arguments in ``args_file`` (torchrun's parser)."""
+    from torch.distributed.run import get_args_parser  # torchrun's own reading of its arguments
+
+    try:
+        words = args_file.read_text().split()
+    except OSError as error:
+        raise UsageError(f"--torchrun-args {args_file}: {error.strerror or error}") from None
+    parsed, _ = get_args_parser().parse_known_args([*words, "job"])
+    if parsed.rdzv_backend == "static":
+        return parsed.master_addr, parsed.master_port or STATIC_PORT, parsed.node_rank == 0
+    endpoint = parsed.rdzv_endpoint
+    host, colon, port = endpoint.rpartition(":")
+    return (host, int(port), False) if colon else (endpoint, C10D_PORT, False)
+
+
+def doctor_view(mine: ProcessInfo, host: str, port: int, serves: bool) -> ProcessInfo:
+    """This node as the doctor sees one node of a job across nodes before its agent starts: it joins the
+    rendezvous at ``host:port``, or (``serves``: the rendezvous host) is to serve it."""
+    return ProcessInfo(
+        rank=0 if serves else 1,
+        local_rank=0,
+        world_size=2,
+        local_world_size=1,
+        node_rank=0 if serves else 1,
+        master_addr=host,
+        master_port=port,
+        launcher=Launcher.TORCHRUN,
+        torchelastic=True,
+        agent_store=not serves,
+        ifname=mine.ifname,
+        host=mine.host,
+    )
+
+
+def checks(cfg: GateConfig, mine: ProcessInfo, where: Rendezvous | None) -> str | None:
+    """The doctor's checks towards the rendezvous ``where`` (names, interface, port): the first failure's line, or
+    None."""
+    if where is None:
+        return None
+    host, port, serves = where
+    serves = serves or host in (mine.host, "localhost", "127.0.0.1")
+    proc = doctor_view(mine, host, port, serves)
+    dist_cfg = DistConfig(timeout_s=cfg.timeout_s)
+    net = doctor.Network()
+    diag = doctor.Diagnosis(proc.rank, proc.host)
+    doctor.check_master_address(diag, proc, (host, port), net)
+    doctor.check_interface(diag, proc, dist_cfg, net)
+    doctor.check_host_name(diag, proc, net)
+    doctor.check_port(diag, proc, (host, port), cfg.timeout_s)
+    failed = diag.failure()
+    return f"doctor's {failed.check} check: {failed.detail}" if failed else None
+
+
+@dataclass(frozen=True)
+class Judged:
+    why: str | None
+    """The failing check's line; None: passed."""
+    figures: list[health.DeviceHealth]
+
+
+def judge(cfg: GateConfig, mine: ProcessInfo, where: Rendezvous | None, start: list[health.DeviceHealth]) -> Judged:
+    why = checks(cfg, mine, where)
+    if why is not None:
+        return Judged(why, [])
+    figures = measure(cfg.device_seconds)
+    if shortfall(figures, start, cfg.fail_below) is not None:  # measured once more before it counts
+        figures = best(figures, measure(cfg.device_seconds))
+    return Judged(shortfall(figures, start, cfg.fail_below), figures)
+
+
+def passed(judged: Judged, start: list[health.DeviceHealth], took: str) -> str:
+    return f"gate: passed {took}: {describe(judged.figures)} against the job's {describe(start)}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``python -m app gate``."""
+    flags.add_arguments(parser, GateConfig)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Record this node's figures (first start), or judge it: 0 passed, 3 kept out (ClusterError)."""
+    cfg = flags.from_args(GateConfig, args)
+    mine = launcher.detect(need_master=False)
+    where = rendezvous(cfg.torchrun_args) if cfg.torchrun_args else None  # bad input fails at any start
+    began = time.monotonic()
+    path = cfg.records / f"{mine.host}.json"
+    start = read_record(path)
+    if start is None:
+        print(record(path, mine.host, measure(cfg.device_seconds)), flush=True)
+        return 0
+    start = job_figures(start, read_records(cfg.records))
+    judged = judge(cfg, mine, where, start)
+    if judged.why is None:
+        print(passed(judged, start, f"in {time.monotonic() - began:.1f} s"), flush=True)
+        return 0
+    if not cfg.retry_every:
+        raise ClusterError(f"{mine.host} kept out: {judged.why}", KEPT_OUT)
+    print(f"gate: kept out: {judged.why}; tried again every {cfg.retry_every:g} s", flush=True)
+    kept = time.monotonic()
+    while judged.why is not None:
+        time.sleep(cfg.retry_every)
+        judged = judge(cfg, mine, where, start)
+    print(passed(judged, start, f"after {time.monotonic() - kept:.0f} s kept out"), flush=True)
+    return 0
