@@ -46,7 +46,7 @@ from app.errors import ClusterError, UsageError
 from app.flags import flag
 from app.runtime import launcher
 from app.runtime.distributed import DistConfig
-from app.runtime.launcher import Launcher, ProcessInfo
+from app.runtime.launcher import Launcher, Node, ProcessInfo
 
 KEPT_OUT = 3
 """Exit status of a node that the gate keeps out."""
@@ -195,7 +195,7 @@ def rendezvous(args_file: Path) -> Rendezvous:
     return (host, int(port), False) if colon else (endpoint, C10D_PORT, False)
 
 
-def doctor_view(mine: ProcessInfo, host: str, port: int, serves: bool) -> ProcessInfo:
+def doctor_view(mine: Node, host: str, port: int, serves: bool) -> ProcessInfo:
     """This node as the doctor sees one node of a job across nodes before its agent starts: it joins the
     rendezvous at ``host:port``, or (``serves``: the rendezvous host) is to serve it."""
     return ProcessInfo(
@@ -214,7 +214,7 @@ def doctor_view(mine: ProcessInfo, host: str, port: int, serves: bool) -> Proces
     )
 
 
-def checks(cfg: GateConfig, mine: ProcessInfo, where: Rendezvous | None) -> str | None:
+def checks(cfg: GateConfig, mine: Node, where: Rendezvous | None) -> str | None:
     """The doctor's checks towards the rendezvous ``where`` (names, interface, port): the first failure's line, or
     None."""
     if where is None:
@@ -240,7 +240,7 @@ class Judged:
     figures: list[health.DeviceHealth]
 
 
-def judge(cfg: GateConfig, mine: ProcessInfo, where: Rendezvous | None, start: list[health.DeviceHealth]) -> Judged:
+def judge(cfg: GateConfig, mine: Node, where: Rendezvous | None, start: list[health.DeviceHealth]) -> Judged:
     why = checks(cfg, mine, where)
     if why is not None:
         return Judged(why, [])
@@ -262,7 +262,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Record this node's figures (first start), or judge it: 0 passed, 3 kept out (ClusterError)."""
     cfg = flags.from_args(GateConfig, args)
-    mine = launcher.detect(need_master=False)
+    mine = launcher.this_node()  # (no rank before torchrun: Ansible's env file holds WORLD_SIZE alone)
     where = rendezvous(cfg.torchrun_args) if cfg.torchrun_args else None  # bad input fails at any start
     began = time.monotonic()
     path = cfg.records / f"{mine.host}.json"

@@ -292,6 +292,23 @@ def _named_nodes(env: Mapping[str, str]) -> tuple[int, str]:
     return 0, ""
 
 
+@dataclass(frozen=True)
+class Node:
+    """This machine as a node's agent sees it before torchrun starts any rank."""
+
+    host: str
+    """This machine's host name."""
+    ifname: str | None
+    """The interface set for gloo and NCCL (GLOO_SOCKET_IFNAME...), if any."""
+
+
+def this_node(env: Mapping[str, str] | None = None) -> Node:
+    """This node, read without rank variables: a node's environment may hold the job's WORLD_SIZE (Ansible's
+    env file) while RANK comes only with torchrun's workers, so ``detect`` does not apply before them."""
+    env = os.environ if env is None else env
+    return Node(socket.gethostname(), next((env[name] for name in envvars.IFNAME_VARIABLES if env.get(name)), None))
+
+
 def detect(env: Mapping[str, str] | None = None, *, need_master: bool = True) -> ProcessInfo:
     """Describe this process from the environment (``os.environ`` by default).
 
@@ -304,7 +321,7 @@ def detect(env: Mapping[str, str] | None = None, *, need_master: bool = True) ->
         addr, port = _slurm_master(env)
     else:
         addr, port = _master(env, None, envvars.DEFAULT_MASTER_PORT)
-    ifname = next((env[name] for name in envvars.IFNAME_VARIABLES if env.get(name)), None)
+    ifname = this_node(env).ifname
     nodes, nodes_by = _named_nodes(env)
     info = ProcessInfo(
         **fields,

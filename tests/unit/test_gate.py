@@ -127,3 +127,14 @@ def test_a_node_below_its_start_figures_is_kept_out_with_one_line_and_exit_3(tmp
     [line] = err.splitlines()
     assert line.startswith(f"error: {path.stem} kept out: device check ") and " GFLOP/s against the job's " in line
     assert line.endswith(f"(fail below 0.5) [exit 3; log {logs / 'gate.log'}]")
+
+
+def test_a_nodes_environment_with_the_jobs_world_size_but_no_rank_is_no_error(tmp_path, monkeypatch, capsys) -> None:
+    """Ansible's env file gives a node WORLD_SIZE (and MASTER_ADDR) before torchrun sets any RANK: the gate
+    reads only the node (the defect: `WORLD_SIZE is set but RANK is not` failed every Ansible job)."""
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("MASTER_ADDR", "node0")
+    monkeypatch.delenv("RANK", raising=False)
+    flags = ["gate", "--records", str(tmp_path / "gate"), "--device-seconds", "0.2", "--log-dir", str(tmp_path)]
+    assert cli.main(flags) == 0, capsys.readouterr().err
+    assert len(list((tmp_path / "gate").glob("*.json"))) == 1
