@@ -177,6 +177,10 @@ def test_check_names_the_cpu_limited_container_and_only_it(cluster) -> None:
     health = report["device_health"]
     assert health["slow"] == [] and health["below_fail"] == [], explain(clean)
     assert "verdict: no slow device" in clean.stdout
+    # A new cluster for the limited run: on the same one the head would be started again, and its
+    # health gate (app gate) would rightly keep it out against the clean run's figures.
+    down = cluster.make("cluster-down")
+    assert down.returncode == 0, explain(down)
 
     def limit(head_id: str) -> None:
         done = run(["docker", "update", *CPU_LIMIT, head_id], 60)
