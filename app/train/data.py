@@ -6,6 +6,9 @@ MNIST and CIFAR-10 are read by torchvision's own loaders from ``--data-dir`` (it
 DIR/MNIST/raw/*-ubyte, DIR/cifar-10-batches-py/data_batch_*).
 """
 
+import gzip
+import importlib.util
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -52,20 +55,53 @@ def _normalise(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...])
 
 
 def load_digits(seed: int = 0) -> Dataset:
-    """scikit-learn's 1,797 handwritten 8x8 digits; a stratified 80/20 split, fixed by ``seed``."""
-    from sklearn.datasets import load_digits as sk_digits
-    from sklearn.model_selection import train_test_split
+    """scikit-learn's 1,797 handwritten 8x8 digits; a stratified 80/20 split, fixed by ``seed``.
 
-    bunch = sk_digits()
-    x = torch.tensor(bunch.data, dtype=torch.float32).view(-1, 1, 8, 8) / 16.0
-    y = torch.tensor(bunch.target, dtype=torch.int64)
-    train_idx, test_idx = train_test_split(
-        torch.arange(len(y)).numpy(), test_size=0.2, random_state=seed, stratify=y.numpy()
-    )
-    train_idx, test_idx = torch.from_numpy(train_idx), torch.from_numpy(test_idx)
+    The images are read from the file scikit-learn ships (``sklearn/datasets/data/digits.csv.gz``,
+    64 pixels and the label per row) without importing scikit-learn: its import (scipy with it) is
+    about a second of every rank's start, and every restart's.
+    """
+    path = _sklearn_data("digits.csv.gz")
+    with gzip.open(path, "rt", encoding="ascii") as rows:
+        table = torch.tensor([[float(v) for v in row.split(",")] for row in rows if row.strip()])
+    x = table[:, :64].reshape(-1, 1, 8, 8) / 16.0
+    y = table[:, 64].to(torch.int64)
+    train_idx, test_idx = stratified_split(y, TEST_FRACTION, seed)
     mean, std = x[train_idx].mean().item(), x[train_idx].std().item()
     x = _normalise(x, (mean,), (std,))
     return Dataset("digits", Split(x[train_idx], y[train_idx]), Split(x[test_idx], y[test_idx]), 10)
+
+
+TEST_FRACTION = 0.2
+"""The digits' test split: a fifth of each class (360 of 1,797 images)."""
+
+
+def _sklearn_data(name: str) -> Path:
+    """A data file scikit-learn ships, found without importing scikit-learn."""
+    spec = importlib.util.find_spec("sklearn")
+    path = Path(next(iter(spec.submodule_search_locations or []), "")) / "datasets" / "data" / name if spec else None
+    if path is None or not path.is_file():
+        raise UsageError(f"--dataset digits reads scikit-learn's {name}, not found here: pip install scikit-learn")
+    return path
+
+
+def stratified_split(y: torch.Tensor, test_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, test) indices: ``ceil(test_fraction * N)`` test samples shared among the classes by their
+    sizes (largest remainders first), each class's chosen by a permutation seeded with ``seed``."""
+    counts = torch.bincount(y)
+    n_test = math.ceil(test_fraction * len(y))
+    quota = counts.double() * n_test / len(y)
+    share = quota.floor().long()
+    for c in sorted(range(len(counts)), key=lambda c: (-(quota[c] - share[c]).item(), c))[: n_test - int(share.sum())]:
+        share[c] += 1
+    g = torch.Generator().manual_seed(seed)
+    train, test = [], []
+    for c, k in enumerate(share.tolist()):
+        members = torch.nonzero(y == c).flatten()
+        members = members[torch.randperm(len(members), generator=g)]
+        test.append(members[:k])
+        train.append(members[k:])
+    return torch.cat(train).sort().values, torch.cat(test).sort().values
 
 
 def synthetic(cfg: DataConfig, seed: int = 0) -> Dataset:

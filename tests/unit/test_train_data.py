@@ -1,9 +1,15 @@
 """Datasets in memory: digits (real, offline), synthetic, and the resizing to the model's input."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 
 from app.train import data, models
 from app.train.config import DataConfig
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_digits_is_real_sklearn_data_split_80_20_stratified() -> None:
@@ -12,6 +18,32 @@ def test_digits_is_real_sklearn_data_split_80_20_stratified() -> None:
     assert torch.bincount(ds.test.y, minlength=10).min() >= 35  # every class in the test split
     assert abs(ds.train.x.mean().item()) < 1e-4 and abs(ds.train.x.std().item() - 1) < 1e-3
     assert torch.equal(data.load_digits().train.x, ds.train.x)  # the split is fixed
+    assert not torch.equal(data.load_digits(seed=1).test.y, ds.test.y)  # and chosen by the seed
+
+
+def test_digits_are_scikit_learns_own_images_read_without_importing_it() -> None:
+    script = """
+import sys
+from app.train import data
+ds = data.load_digits()
+assert "sklearn" not in sys.modules and "scipy" not in sys.modules, "scikit-learn was imported"
+from sklearn.datasets import load_digits
+bunch = load_digits()
+torch = data.torch
+def rows(x, y):  # each image as its pixels' integer levels 0-16 (normalisation is affine), with its label
+    x = x.flatten(1).double()
+    return sorted(zip((16 * (x - x.min()) / (x.max() - x.min())).round().int().tolist(), y.tolist()))
+ours = rows(torch.cat([ds.train.x, ds.test.x]), torch.cat([ds.train.y, ds.test.y]))
+assert ours == rows(torch.tensor(bunch.data), torch.tensor(bunch.target)), "not scikit-learn's digits"
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=ROOT)
+
+
+def test_the_stratified_split_shares_the_test_samples_by_class_size() -> None:
+    y = torch.tensor([0] * 10 + [1] * 5 + [2] * 2)
+    train, test = data.stratified_split(y, 0.3, seed=0)
+    assert torch.bincount(y[test], minlength=3).tolist() == [3, 2, 1]  # ceil(5.1) = 6: 3 + 1.5 + 0.6
+    assert sorted(torch.cat([train, test]).tolist()) == list(range(17))
 
 
 def test_synthetic_has_the_asked_shape_and_is_deterministic() -> None:
