@@ -1,7 +1,5 @@
 """Entry point: ``python -m app <command>``."""
 
-import sys
+from app.cli import entry
 
-from app.cli import main
-
-sys.exit(main())
+entry()
