@@ -1,4 +1,6 @@
-"""One suite for CPU and GPU machines: what every test sees of the GPUs.
+"""One suite for CPU and GPU machines: what every test sees of the GPUs; and every test's environment
+is its own (what one test's code sets in os.environ, such as app train's flight-recorder variables,
+is gone before the next test and the processes it starts).
 
 - A test marked ``gpu`` needs CUDA: it is skipped where no GPU is visible (one rule, one reason),
   and runs everywhere else (``make test-gpu`` runs only these; ``make test`` runs them too).
@@ -9,6 +11,7 @@
 """
 
 import functools
+import os
 
 import pytest
 import torch
@@ -40,3 +43,13 @@ def _cpu_unless_marked_gpu(request: pytest.FixtureRequest, monkeypatch: pytest.M
     if gpus_here():  # torch already initialised CUDA here: the variable no longer reaches it
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+
+
+@pytest.fixture(autouse=True)
+def _environment_of_its_own():
+    """Restore os.environ after each test: app code run in this process (app train sets TORCH_FR_* for its
+    flight recorder) must not reach a later test's ranks (their dumps would go to this test's folder)."""
+    before = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(before)
