@@ -18,6 +18,15 @@ class ClusterError(Exception):
         self.status = status
 
 
+class Stopped(Exception):
+    """The launcher stopped this process (SIGTERM): not a failure of the job. The message (empty on all
+    ranks but the one that kept the step) is said as it is; the exit status is 128 + the signal's number."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def exit_status_of(action: Callable[[], int]) -> int:
     """Run ``action`` (a script's main, not an app command: those have app.logs): its status, or one
     line on stderr and 2 for a UsageError, the ClusterError's status (1 unless it names one)."""

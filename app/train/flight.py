@@ -21,7 +21,10 @@ torch 2.13's CPU recorder names the default group '' in its pg_config while its 
 '0': torch's analysis then fails (KeyError) on gloo dumps; ``_name_groups`` fills in the name.
 """
 
+import contextlib
+import io
 import json
+import logging
 import pickle
 import sys
 import threading
@@ -35,6 +38,8 @@ from app.atomic import atomic_write_text
 
 POLL_S = 0.5
 """How often a rank's watcher looks at its own progress."""
+ANALYSIS = "analysis.txt"
+"""What torch's analysis printed while it read the dumps, in the dumps' folder."""
 READ_GRACE_S = 3.0
 """Seconds rank 0 waits for the other ranks' dumps before it reads them."""
 
@@ -146,7 +151,32 @@ def read(prefix: Path, world: int, hosts: list[str], wait_s: float = READ_GRACE_
 
 
 def _first_unjoined(prefix: Path):
-    """torch's analysis of the dumps: the first collective with missing ranks, or None."""
+    """torch's analysis of the dumps: the first collective with missing ranks, or None. What the analysis
+    says as it goes (its own logger, which writes to the terminal) goes to ANALYSIS in the dumps' folder."""
+    said = io.StringIO()
+    try:
+        with _said_into(said):
+            return _analyse(prefix)
+    finally:
+        with contextlib.suppress(OSError):
+            atomic_write_text(prefix.parent / ANALYSIS, said.getvalue())
+
+
+@contextlib.contextmanager
+def _said_into(stream: io.StringIO):
+    """torch's flight-recorder logger (and print) write into ``stream`` instead of the terminal, meanwhile."""
+    from torch.distributed.flight_recorder.components.fr_logger import FlightRecorderLogger
+
+    logger = FlightRecorderLogger().logger  # made once, with a handler of its own on stderr
+    handlers, logger.handlers = logger.handlers, [logging.StreamHandler(stream)]
+    try:
+        with contextlib.redirect_stdout(stream), contextlib.redirect_stderr(stream):
+            yield
+    finally:
+        logger.handlers = handlers
+
+
+def _analyse(prefix: Path):
     from torch.distributed.flight_recorder.components.builder import build_db
     from torch.distributed.flight_recorder.components.config_manager import JobConfig
     from torch.distributed.flight_recorder.components.loader import read_dump

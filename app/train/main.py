@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from app import flags, progress
 from app.diagnostics import doctor
-from app.errors import ClusterError, first_line
+from app.errors import ClusterError, Stopped, first_line
 from app.runtime.distributed import (
     DistConfig,
     DistContext,
@@ -16,7 +16,7 @@ from app.runtime.distributed import (
     record_collectives,
     this_process,
 )
-from app.train import checkpoint, data, flight, models, resize, snapshot, watch
+from app.train import checkpoint, data, flight, models, resize, snapshot, stop, watch
 from app.train.config import SECTIONS, TrainConfig
 from app.train.report import Reporter
 from app.train.sync import main_decides
@@ -117,19 +117,33 @@ def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], N
                 print(_nothing_left_line(cfg, trainer, earlier), flush=True)
             return earlier
         recorder = flight.Recorder(dumps, ctx.proc.rank, dist_cfg.timeout_s, trainer.watch.stage, ctx.backend != "nccl")
-        try:
-            with recorder:
-                summary = trainer.fit()
-        except RuntimeError as error:  # a collective that timed out or lost a peer: name the ranks that stopped
-            if not watch.collective_failed(error):
-                raise
-            ctx.mark_broken(first_line(error))
-            recorder.dump(trainer.watch.stage()[0])  # this rank's side of the failed collective
-            found = flight.read(dumps, ctx.proc.world_size, trainer.watch.hosts)  # where the silent ranks were
-            line = "; ".join(filter(None, [trainer.watch.explain(error, trainer.pos.step), found]))
-            raise ClusterError(line + snapshot.write(trainer)) from error
+        with stop.Stop() as trainer.stop:
+            try:
+                with recorder:
+                    summary = trainer.fit()
+            except Stopped as stopped:  # SIGTERM from the launcher, seen at a step boundary: keep the step, go
+                ctx.mark_broken("stopped by SIGTERM")
+                tail = snapshot.keep(trainer)
+                line = f"train: stopped by SIGTERM after step {trainer.pos.step}{tail}" if tail else ""
+                raise Stopped(line, stopped.status) from None
+            except RuntimeError as error:  # a collective that timed out or lost a peer: name the ranks that stopped
+                if not watch.collective_failed(error):
+                    raise
+                ctx.mark_broken(first_line(error))
+                line = _failed_collective(error, trainer, recorder, dumps)
+                raise ClusterError(line + snapshot.write(trainer)) from error
         reporter.finish(summary)
         return summary
+
+
+def _failed_collective(error: RuntimeError, trainer: Trainer, recorder: flight.Recorder, dumps) -> str:
+    """The line of a failed collective: the roll call, and after a timeout where the flight recorder saw
+    the silent ranks (a peer whose connection was lost is gone: no dump of its will come)."""
+    if watch.lost_peer(error):
+        return trainer.watch.explain(error, trainer.pos.step)
+    recorder.dump(trainer.watch.stage()[0])  # this rank's side of the failed collective
+    found = flight.read(dumps, trainer.world, trainer.watch.hosts)  # where the silent ranks were
+    return "; ".join(filter(None, [trainer.watch.explain(error, trainer.pos.step), found]))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,7 +1,9 @@
-"""Emergency snapshots: when a collective fails, the survivors keep the step they all completed.
+"""Emergency snapshots: when a collective fails, the survivors keep the step they all completed; a rank
+stopped by its launcher (SIGTERM, ``stop.Stop``) keeps its own.
 
     line = trainer.watch.explain(error, trainer.pos.step)   # the roll call: who answers, and their last step
     line += snapshot.write(trainer)                         # the lowest rank that answered writes it, if they agree
+    tail = snapshot.keep(trainer)                           # stopped at a step boundary: rank 0 writes it
     found = snapshot.newer(out, step)                       # at a resume (rank 0): (state, path) when newer
 
 Under DDP every rank holds the whole state after each optimizer step: parameters, optimizer,
@@ -44,16 +46,29 @@ def write(trainer) -> str:
     completed = sorted({a.get("completed", -1) for a in answers.values()})
     if completed != [step]:
         return f"; no emergency snapshot: the ranks that answered had completed steps {completed}"
+    return _keep_state(trainer, sorted(answers))
+
+
+def keep(trainer) -> str:
+    """Stopped at a step boundary (``stop.Stop``): every rank says its step for the others' roll call;
+    rank 0 keeps its state, whole at that boundary, without waiting for anyone. What happened, as the
+    tail of rank 0's line (empty on the others)."""
+    trainer.watch.announce(trainer.pos.step, stopped=True)
+    return _keep_state(trainer, [trainer.rank]) if trainer.rank == 0 else ""
+
+
+def _keep_state(trainer, agreed_by: list[int]) -> str:
+    """Write this rank's state as the snapshot, atomically; what happened, as the tail of a line."""
     if comm_hooks.has_state(trainer.comm):
         return f"; no emergency snapshot: --comm-hook {trainer.comm.name} keeps state on every rank"
     state = trainer._state([sync.rng_state(trainer.ctx.device)], [])
-    state["snapshot"] = {"agreed_by": sorted(answers), "world_size": trainer.world}
+    state["snapshot"] = {"agreed_by": agreed_by, "world_size": trainer.world}
     target = path_of(trainer.cfg.output.out)
     try:
         atomic_write_bytes(target, checkpoint.encode(state))
     except OSError as error:
         return f"; no emergency snapshot: {target}: {error.strerror or error}"
-    return f"; rank {trainer.rank} kept step {step} in {target}"
+    return f"; rank {trainer.rank} kept step {trainer.pos.step} in {target}"
 
 
 def newer(out: Path, step: int, identity: dict) -> tuple[dict, str] | None:

@@ -44,6 +44,7 @@ from app.train.config import TrainConfig
 from app.train.data import Dataset
 from app.train.loader import TrainLoader, eval_batches, on_device
 from app.train.report import Reporter
+from app.train.stop import Stop
 
 EVAL_BATCH = 1024
 
@@ -195,6 +196,8 @@ class Trainer:
         self.watch = watch.Watch(cfg.health, ctx, self.model)
         self.progress: progress.Recorder | None = None
         """Records each step reached (app train gives rank 0 one for OUT/progress)."""
+        self.stop: Stop | None = None
+        """SIGTERM noted while training (app train gives it one): training stops at the next step boundary."""
         self._saved_step = -1
         self._saved_at = time.monotonic()
         self._save_every_s = 0.0
@@ -338,6 +341,8 @@ class Trainer:
         out, step = self.cfg.output, self.pos.step
         if self.progress is not None:
             self.progress.record(step)
+        if self.stop is not None:
+            self.stop.check()
         self.watch.window.steps += 1
         due = bool(out.checkpoint_every and step % out.checkpoint_every == 0)
         if self.watch.due(step):

@@ -45,9 +45,14 @@ from app.train import sync
 from app.train.config import HealthConfig
 
 REPORT_GRACE_S = 3.0
-"""Seconds a rank whose collective failed waits for the others' word in the store before naming the silent ones."""
+"""Seconds a rank whose collective timed out waits for the others' word in the store before naming the silent ones."""
+LOST_PEER_GRACE_S = 0.5
+"""The same wait when a peer's connection was lost (closed, reset): the ranks still alive fail at once then,
+all but those left waiting on a rank that is itself in the roll call (they fail when it exits)."""
 _ALIVE = "ddp-cluster/alive/{}"
 """The store key under which a rank says it is still alive after a failed collective."""
+_LOST_PEER = re.compile(r"Connection (closed|reset)|Broken pipe")
+"""What gloo says when a peer's process is gone (its sockets closed by its kernel)."""
 _TRANSPORT = re.compile(r"third_party/gloo|NCCL|[Tt]imed out|Connection (closed|reset|refused)|Broken pipe")
 """What gloo's and NCCL's errors say when a peer is gone or too slow (DDP raises them as RuntimeError)."""
 GRADIENTS = "gradient all-reduce"
@@ -112,6 +117,11 @@ def analyse(rows: list[list[float]], hosts: list[str], step: int, percent: float
         f"steps take {step_ms:.1f} ms)"
     )
     return record, line
+
+
+def lost_peer(error: BaseException) -> bool:
+    """True when a collective failed because a peer's connection was lost (the peer died), not a timeout."""
+    return bool(_LOST_PEER.search(str(error)))
 
 
 def collective_failed(error: BaseException) -> bool:
@@ -222,35 +232,49 @@ class Watch:
 
         completed: the last optimizer step this rank completed, told to the others with its roll call
         (``answers`` then holds what every rank that answered said: its host, step and completed step).
+        The roll call waits REPORT_GRACE_S, or LOST_PEER_GRACE_S when a peer's connection was lost.
         """
         what, step = self.doing
         failed = f"the {what} of step {step} failed ({first_line(error)[:160]})"
-        answered = self._roll_call(step, completed)
+        answered = self._roll_call(completed, LOST_PEER_GRACE_S if lost_peer(error) else REPORT_GRACE_S)
         if answered is None:
             return f"rank 0 on {self.hosts[0]} stopped answering: {failed}, and rank 0's store does not answer either"
         silent = [r for r in range(self.world) if r not in answered]
+        stopped = [r for r in answered if self.answers[r].get("stopped")]
+        if not silent and stopped:
+            return f"{failed}; {self._on_hosts(stopped)} stopped: their launcher ended them (SIGTERM)"
         if not silent:
             return f"{failed}; every rank still answers: a rank too slow for --timeout, or the network"
-        by_host = [
-            f"{ranks_text([r for r in silent if self.hosts[r] == host])} on {host}"
-            for host in dict.fromkeys(self.hosts[r] for r in silent)
-        ]
         return (
-            f"{' and '.join(by_host)} stopped answering: {failed}; {len(answered)} of {self.world} ranks answer "
+            f"{self._on_hosts(silent)} stopped answering: {failed}; {len(answered)} of {self.world} ranks answer "
             f"(all had reached step {self.exchanged_at} at the last exchange)"
         )
 
-    def _roll_call(self, step: int, completed: int) -> set[int] | None:
-        """The ranks that say they are alive in the store within REPORT_GRACE_S; None when the store is gone."""
-        said = {"host": self.ctx.proc.host, "step": step, "completed": completed}
+    def _on_hosts(self, ranks: list[int]) -> str:
+        """``rank 0 on head and ranks 2-3 on worker``."""
+        hosts = dict.fromkeys(self.hosts[r] for r in sorted(ranks))
+        return " and ".join(f"{ranks_text([r for r in ranks if self.hosts[r] == host])} on {host}" for host in hosts)
+
+    def announce(self, completed: int, stopped: bool = False) -> dict | None:
+        """Say in the store that this rank is alive, at which step and which step it completed, and whether
+        its launcher stopped it (what the roll call reads); what was said, or None when the store is gone."""
+        said = {"host": self.ctx.proc.host, "step": self.doing[1], "completed": completed, "stopped": stopped}
         try:
             store = dist.distributed_c10d._get_default_store()
             store.set_timeout(timedelta(seconds=REPORT_GRACE_S))
             store.set(_ALIVE.format(self.rank), json.dumps(said))
         except (RuntimeError, ValueError):  # DistError is a RuntimeError: the store's host is gone
             return None
+        return said
+
+    def _roll_call(self, completed: int, grace_s: float) -> set[int] | None:
+        """The ranks that say they are alive in the store within ``grace_s``; None when the store is gone."""
+        said = self.announce(completed)
+        if said is None:
+            return None
+        store = dist.distributed_c10d._get_default_store()
         self.answers = {self.rank: said}
-        deadline = time.monotonic() + REPORT_GRACE_S
+        deadline = time.monotonic() + grace_s
         while len(self.answers) < self.world and time.monotonic() < deadline:
             try:
                 for r in range(self.world):

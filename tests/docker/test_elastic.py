@@ -146,6 +146,8 @@ def test_a_worker_that_comes_back_slow_is_kept_out_then_healed_rejoins_and_the_w
     assert f"restart 2: {worker}" not in done.stdout, explain(done)  # the gate's wait is no restart
     resizes = [(m["from"], m["to"]) for m in fault_run.metrics() if m["event"] == "resize"]
     assert resizes == [(4, 2), (2, 4)], resizes
+    grow = [m for m in fault_run.metrics() if m["event"] == "resume"][-1]  # the agents stop their ranks: SIGTERM
+    assert grow["lost"] == 0 and grow["checkpoint"].endswith("/emergency.pt"), grow  # the step in flight kept
     summary = fault_run.summary()
     assert summary["world_size"] == 4 and summary["test_accuracy"] >= 0.95, summary
     grown = [m for m in fault_run.metrics() if m["event"] == "start"][-1]

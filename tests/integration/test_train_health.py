@@ -57,6 +57,7 @@ def answers_of_the_others(faulty: int, hooks: list[str], tmp_path: Path) -> list
         assert proc.returncode == 1, stderr[-3000:]
         line = ERROR_LINE.match(stderr.splitlines()[-1])
         assert line, stderr[-3000:]
+        assert len(stderr.strip().splitlines()) == 1, stderr[-3000:]  # the one line: the details are in the log
         causes.append(line["cause"])
     return causes
 
@@ -106,3 +107,4 @@ def test_the_flight_recorder_names_the_collective_and_the_line_a_hung_rank_is_at
         assert found[3] == str(hung) and found[4] == host and int(found[1]) > 6, cause
         assert (found[5], int(found[6]), found[7]) == ("cluster/faults/fault_job.py", line_no, "hook"), cause
         assert Path(found[8]) == tmp_path / "out" / "flight"
+        assert (Path(found[8]) / "analysis.txt").is_file()  # what torch's analysis said, off the terminal

@@ -37,13 +37,11 @@ def test_killed_job_resumes_to_the_same_parameters(tmp_path) -> None:
     reference, crashed = tmp_path / "reference", tmp_path / "crashed"
     train(2, synthetic(reference, *COMMON), tmp_path)
 
-    # Rank 1 dies abruptly after step 7 on the first attempt; torchrun restarts both ranks,
-    # which continue from the latest checkpoint (step 5, in the middle of epoch 0).
-    done = train_torchrun_restarting(
-        2,
-        [*synthetic(crashed, *COMMON), "--resume", "auto", "--crash-at-step", "7", "--crash-rank", "1"],
-        max_restarts=1,
-    )
+    # Both ranks die abruptly after step 7 on the first attempt (no survivor keeps the step: see
+    # test_train_snapshot.py); torchrun restarts them, and they continue from the latest checkpoint
+    # (step 5, in the middle of epoch 0).
+    crash = ["--crash-at-step", "7", "--crash-rank", "0", "--crash-rank", "1"]
+    done = train_torchrun_restarting(2, [*synthetic(crashed, *COMMON), "--resume", "auto", *crash], max_restarts=1)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"exitcode: {CRASH_EXIT_CODE}" in done.stderr or "exitcode: 1" in done.stderr  # torchrun saw a failure
 
@@ -78,7 +76,8 @@ def test_resume_is_exact_with_four_ranks(tmp_path) -> None:
     train(4, synthetic(reference, *small), tmp_path)
     done = train_torchrun_restarting(
         4,
-        [*synthetic(crashed, *small, "--checkpoint-every", "3"), "--resume", "auto", "--crash-at-step", "5"],
+        [*synthetic(crashed, *small, "--checkpoint-every", "3"), "--resume", "auto", "--crash-at-step", "5"]
+        + [f"--crash-rank={rank}" for rank in range(4)],  # every rank: resumed from the checkpoint of step 3
         max_restarts=1,
     )
     assert done.returncode == 0, done.stderr[-3000:]
