@@ -498,20 +498,23 @@ def _watch_nodes(run: Run, stop: threading.Event, since: float) -> None:
                 signalled.add(name)
                 continue
             code = int(attributes.get("exitCode", "0"))
-            lost = name in signalled or code >= 128
+            by_docker = name in signalled
+            lost = by_docker or code >= 128
             signalled.discard(name)
             if service == compose.RENDEZVOUS:
                 run.store_lost(name, code)
             elif service == compose.LAUNCHER or (torchrun and service in run.nodes and not lost):
                 run.end(code, name)
             elif service in run.nodes and (lost or code != 0):
-                _restart_node(run, name, code, stop)
+                _restart_node(run, name, code, stop, by_docker)
     finally:
         proc.kill()
         proc.wait()
 
 
-def _restart_node(run: Run, name: str, code: int, stop: threading.Event) -> None:
+def _restart_node(run: Run, name: str, code: int, stop: threading.Event, by_docker: bool) -> None:
+    """Start a lost node container again: at once when docker stopped it (kill, stop: its restart policy leaves a
+    container stopped by hand alone); one that crashed, after Docker's restart policy had its chance."""
     if stop.is_set() or run.ended.is_set():
         return  # the job is over: the runner stops the other nodes
     limit = run.spec.rendezvous.max_restarts
@@ -527,13 +530,21 @@ def _restart_node(run: Run, name: str, code: int, stop: threading.Event) -> None
     run.restarts += 1
     run.failure(CONTAINER, f"{which} stopped with {describe_status(code)}")
     run.log(f"cluster: starting {name} again (container restart {run.restarts} of {limit})")
-    time.sleep(2)  # Docker's restart policy brings back a crashed container by itself
-    state = _docker("inspect", "--format", "{{.State.Running}} {{.State.Restarting}}", name).stdout.split()
-    if not stop.is_set() and "true" not in state and _docker("start", name).returncode != 0:
+    if not by_docker:
+        time.sleep(POLICY_S)  # Docker's restart policy brings back a crashed container by itself
+    if not stop.is_set() and not _running(name) and _docker("start", name).returncode != 0 and not _running(name):
         run.gone.add(name)
         if going_on:
             run.say(f"cluster: {which} is gone (it cannot be started again); {going_on}")
 
+
+def _running(name: str) -> bool:
+    """The container runs, or Docker is restarting it."""
+    return "true" in _docker("inspect", "--format", "{{.State.Running}} {{.State.Restarting}}", name).stdout.split()
+
+
+POLICY_S = 2.0
+"""Seconds Docker's restart policy has to bring back a crashed node container before the runner starts it."""
 
 RESULTS_DIR = Path("build/results")
 """Where a job's results are copied by default (make's RESULTS asks for this, not restating it)."""

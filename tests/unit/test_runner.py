@@ -6,6 +6,7 @@ given, and ``docker stop`` is recorded."""
 import json
 import os
 import shutil
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -282,15 +283,19 @@ def _event(action: str, service: str, code: int | None = None) -> str:
 @pytest.mark.parametrize(
     ("events", "restarted", "ended"),
     [
-        ([("kill", "head", None), ("die", "head", 137)], ["demo-head-1"], None),  # docker kill: a node lost
+        ([("kill", "head", None), ("die", "head", 137)], [("demo-head-1", True)], None),  # docker kill: a node lost
         (
             [("kill", "worker-1", None), ("die", "worker-1", 1)],
-            ["demo-worker-1"],
+            [("demo-worker-1", True)],
             None,
         ),  # docker stop: torchrun exits 1
-        ([("die", "head", 139)], ["demo-head-1"], None),  # died of a signal (a crash, the OOM killer)
+        ([("die", "head", 139)], [("demo-head-1", False)], None),  # died of a signal (a crash, the OOM killer)
         ([("die", "worker-1", 1)], [], (1, "demo-worker-1")),  # its agent gave up: the job's end
-        ([("kill", "head", None), ("die", "head", 137), ("die", "worker-1", 0)], ["demo-head-1"], (0, "demo-worker-1")),
+        (
+            [("kill", "head", None), ("die", "head", 137), ("die", "worker-1", 0)],
+            [("demo-head-1", True)],
+            (0, "demo-worker-1"),
+        ),
         ([("die", "init", 0), ("die", "rendezvous", 137)], [], (137, "demo-rendezvous-1")),
     ],
 )
@@ -308,7 +313,9 @@ def test_a_node_lost_is_restarted_a_node_that_ended_ends_the_job_and_so_does_the
 
     monkeypatch.setattr(runner.subprocess, "Popen", lambda *_, **__: Events())
     calls = []
-    monkeypatch.setattr(runner, "_restart_node", lambda _run, name, code, _stop: calls.append(name))
+    monkeypatch.setattr(
+        runner, "_restart_node", lambda _run, name, code, _stop, by_docker: calls.append((name, by_docker))
+    )
     runner._watch_nodes(run, threading.Event(), 0.0)
     assert calls == restarted
     assert (run.status, run.ended_by) == ended if ended else not run.ended.is_set()
@@ -334,3 +341,27 @@ def test_a_node_kept_out_by_its_gate_is_one_line_and_no_restart(run, capsys):
         "the job's cpu 36.2 GFLOP/s, 3.0 GB/s copy; it joins at the next rendezvous round\n"
     )
     assert Filter().is_internal("gate: passed in 4.2 s: cpu 35.0 GFLOP/s, 3.1 GB/s copy against the job's ...")
+
+
+@pytest.mark.parametrize(
+    ("by_docker", "state", "calls", "slept"),
+    [
+        (True, "false false", [("inspect", "demo-worker-1"), ("start", "demo-worker-1")], []),  # docker kill: at once
+        (False, "false false", [("inspect", "demo-worker-1"), ("start", "demo-worker-1")], [runner.POLICY_S]),
+        (False, "false true", [("inspect", "demo-worker-1")], [runner.POLICY_S]),  # Docker's policy brought it back
+    ],
+)
+def test_a_lost_node_is_started_at_once_when_docker_stopped_it_else_after_the_restart_policy(
+    run, monkeypatch, by_docker, state, calls, slept
+):
+    done = []
+
+    def docker(*args, **_):
+        done.append((args[0], args[-1]))
+        return subprocess.CompletedProcess(args, 0, state if args[0] == "inspect" else "", "")
+
+    monkeypatch.setattr(runner, "_docker", docker)
+    monkeypatch.setattr(runner.time, "sleep", lambda s: slept_now.append(s))
+    slept_now: list[float] = []
+    runner._restart_node(run, "demo-worker-1", 137, threading.Event(), by_docker)
+    assert (done, slept_now) == (calls, slept) and run.restarts == 1 and not run.gone
