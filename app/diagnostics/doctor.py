@@ -98,6 +98,10 @@ class Diagnosis:
         self.findings.append(Finding(check, status, detail))
         return status != FAILED
 
+    def fail(self, check: str, detail: str) -> bool:
+        """A failed check: ``detail`` names the problem and the fix."""
+        return self.add(check, FAILED, detail)
+
     def failure(self) -> Finding | None:
         return next((f for f in self.findings if f.status == FAILED), None)
 
@@ -108,9 +112,8 @@ def check_world(diag: Diagnosis, proc: ProcessInfo) -> None:
     if proc.named_nodes > 1 and not proc.spans_nodes:
         size = proc.launcher.variables.size
         started = f"{size}={proc.world_size}" if size else "no launcher"
-        diag.add(
+        diag.fail(
             "world",
-            FAILED,
             f"world of one: {proc.named_nodes_by} names {proc.named_nodes} nodes but this job is {shape}, "
             f"{started}: each node would train alone; start every node in one job (srun -N {proc.named_nodes} "
             f"--ntasks-per-node <processes>, or torchrun --nnodes {proc.named_nodes} with a shared --rdzv-endpoint)",
@@ -127,18 +130,16 @@ def check_master_address(diag: Diagnosis, proc: ProcessInfo, where: tuple[str, i
     try:
         addresses = net.resolve(host, RESOLVE_TIMEOUT_S)
     except network.Unresolved as error:
-        diag.add(
+        diag.fail(
             "master_address",
-            FAILED,
             f"MASTER_ADDR={host} does not resolve on {proc.host} ({error}): use the host name or IP address of "
             "rank 0's node, one that every node resolves",
         )
         return
     diag.master_ip = addresses[0]
     if network.is_loopback(diag.master_ip) and proc.spans_nodes and proc.node_rank != 0:
-        diag.add(
+        diag.fail(
             "master_address",
-            FAILED,
             f"MASTER_ADDR={host} resolves to {diag.master_ip} (loopback) on {proc.host}, which does not hold rank 0: "
             "this node would look for rank 0 on itself; use the host name or IP address of rank 0's node",
         )
@@ -195,9 +196,8 @@ def check_interface(diag: Diagnosis, proc: ProcessInfo, cfg: DistConfig, net: Ne
         return
     name, why = _choose(diag.master_ip, found, net, proc.master_port)
     if name is None:
-        diag.add(
+        diag.fail(
             "interface",
-            FAILED,
             f"cannot choose the interface on {proc.host}: {why}; pass --ifname, one of: {_describe(found)}",
         )
         return
@@ -221,9 +221,8 @@ def check_host_name(diag: Diagnosis, proc: ProcessInfo, net: Network) -> None:
     elif diag.ifname:
         diag.add("host_name", OK, f"{why}, harmless: gloo uses interface {diag.ifname}")
     else:
-        diag.add(
+        diag.fail(
             "host_name",
-            FAILED,
             f"{why}{' (loopback)' if address else ''} and no interface is set: gloo would offer the other nodes "
             "a loopback address; pass --ifname, or map the host name to its network address in /etc/hosts",
         )
@@ -242,9 +241,8 @@ def check_port(diag: Diagnosis, proc: ProcessInfo, where: tuple[str, int] | None
         server = "torchrun's agent" if proc.agent_store else "rank 0"
         diag.add("port", OK, f"{host}:{port} ({server}) reached in {reached.seconds:.2f}s")
     else:
-        diag.add(
+        diag.fail(
             "port",
-            FAILED,
             f"could not reach the rendezvous at {host}:{port} ({diag.master_ip}) within {timeout:g}s ({reached.why}): "
             f"is rank 0 running there, and does the network let port {port} through?",
         )
@@ -255,9 +253,8 @@ def _serve(diag: Diagnosis, proc: ProcessInfo, host: str, port: int) -> None:
     try:
         server = network.bind(port)
     except OSError as error:
-        diag.add(
+        diag.fail(
             "port",
-            FAILED,
             f"port {port} (MASTER_PORT) is not free on {proc.host}, where rank 0 must serve it "
             f"({error.strerror or error}): stop what holds it, or pick another MASTER_PORT",
         )
@@ -267,9 +264,8 @@ def _serve(diag: Diagnosis, proc: ProcessInfo, host: str, port: int) -> None:
     if reached.ok:
         diag.add("port", OK, f"{port} free on {proc.host}, and MASTER_ADDR={host} leads back to it")
     else:
-        diag.add(
+        diag.fail(
             "port",
-            FAILED,
             f"MASTER_ADDR={host} ({diag.master_ip}) does not lead to {proc.host}, where rank 0 runs "
             f"({reached.why}): start rank 0 on the host that MASTER_ADDR names, or set MASTER_ADDR to this host",
         )
