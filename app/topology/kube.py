@@ -243,10 +243,7 @@ def indexed_job(spec: ClusterSpec) -> dict:
 
 def _rdzv_conf(spec: ClusterSpec) -> list[dict]:
     """The c10d settings of the PyTorchJob's elasticPolicy: those of ``render.c10d_args``."""
-    conf = [{"key": "join_timeout", "value": str(spec.rendezvous.join_timeout)}]
-    if spec.nodes.elastic:
-        conf.append({"key": "last_call_timeout", "value": str(render.LAST_CALL_S)})
-    return conf
+    return [{"key": key, "value": str(value)} for key, value in render.rdzv_conf(spec).items()]
 
 
 def pytorch_job(spec: ClusterSpec) -> dict:

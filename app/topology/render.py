@@ -16,6 +16,8 @@ from app.topology.spec import ClusterSpec, Host
 LAST_CALL_S = 2
 """Seconds an elastic rendezvous waits for more nodes once --min-nodes have joined (torch's default, 30,
 would idle the survivors of a lost node that long at every restart)."""
+KEEP_ALIVE_MISSED = 3
+"""Heartbeats a node may miss before the rendezvous drops it (torch's keep_alive_max_attempt default)."""
 
 
 def env_vars(spec: ClusterSpec, hosts: tuple[Host, ...]) -> dict[str, str]:
@@ -84,9 +86,17 @@ def c10d_args(spec: ClusterSpec, endpoint: str, run_id: str) -> list[str]:
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={endpoint}",
         f"--rdzv-id={run_id}",
-        f"--rdzv-conf=join_timeout={spec.rendezvous.join_timeout}"
-        + (f",last_call_timeout={LAST_CALL_S}" if spec.nodes.elastic else ""),
+        "--rdzv-conf=" + ",".join(f"{key}={value}" for key, value in rdzv_conf(spec).items()),
     ]
+
+
+def rdzv_conf(spec: ClusterSpec) -> dict[str, int]:
+    """The c10d rendezvous settings (torchrun's --rdzv-conf, a PyTorchJob's rdzvConf): the join timeout, the
+    heartbeat (a lost node is dropped after KEEP_ALIVE_MISSED of them) and, when elastic, the last call."""
+    r = spec.rendezvous
+    conf = {"join_timeout": r.join_timeout, "keep_alive_interval": r.keep_alive}
+    conf["keep_alive_max_attempt"] = KEEP_ALIVE_MISSED
+    return conf | ({"last_call_timeout": LAST_CALL_S} if spec.nodes.elastic else {})
 
 
 def mpirun_args(spec: ClusterSpec, hosts: tuple[Host, ...], hostfile: str = "hostfile") -> list[str]:

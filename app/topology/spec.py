@@ -185,6 +185,9 @@ class Rendezvous:
     that routes to the master."""
     join_timeout: int = field(default=120, metadata=used_by("compose", "slurm", "kubernetes"))
     """Seconds a node waits at the rendezvous for the others before the job fails."""
+    keep_alive: int = field(default=1, metadata=used_by("compose", "slurm", "kubernetes"))
+    """Seconds between each node's heartbeats in the c10d rendezvous; a node silent for 3 of them (lost) leaves the
+    round, so the others form the next one without waiting for it (torch's own default, 5, takes 15 s)."""
     max_restarts: int = field(default=3, metadata=used_by("compose", "slurm", "kubernetes"))
     """Times torchrun restarts every worker after one fails (each restart is a new rendezvous round;
     the job resumes from its last checkpoint); 0: fail at once."""
@@ -196,6 +199,7 @@ class Rendezvous:
         if self.ifname is not None and not _IFNAME.match(self.ifname):
             raise UsageError(f"--ifname {self.ifname!r} is not an interface name like eth0")
         _positive("--join-timeout", self.join_timeout)
+        _positive("--keep-alive", self.keep_alive)
         if self.max_restarts < 0:
             raise UsageError(f"--max-restarts {self.max_restarts} must be >= 0 (0: no restarts)")
 

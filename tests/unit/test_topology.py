@@ -45,7 +45,26 @@ def test_torchrun_static_and_c10d_rendezvous() -> None:
         "--master-port=29400",
     ]
     c10d = render.torchrun_args(TWO_BY_TWO, HOSTS)
-    assert "--rdzv-endpoint=node0:29400" in c10d and "--rdzv-conf=join_timeout=120" in c10d
+    assert "--rdzv-endpoint=node0:29400" in c10d
+    assert "--rdzv-conf=join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=3" in c10d
+
+
+def test_torchs_c10d_rendezvous_takes_the_rendered_settings() -> None:
+    """The rendered --rdzv-conf, read by torch's own handler: a lost node dropped after 3 x 1 s, not 3 x 5 s."""
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+    from torch.distributed.run import get_args_parser
+
+    spec = build({"nodes": {"hosts": "node0:2,node1:2,node2:2", "min_nodes": 2}, "rendezvous": {"keep_alive": 2}})
+    args = get_args_parser().parse_args([*render.torchrun_args(spec, spec.nodes.hosts), "job.py"])
+    conf = dict(item.split("=") for item in args.rdzv_conf.split(","))
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    params = RendezvousParameters("c10d", f"127.0.0.1:{store.port}", "demo", 2, 3, **conf)
+    settings = create_handler(store, C10dRendezvousBackend(store, "demo"), params)._settings
+    assert settings.keep_alive_interval.total_seconds() == 2 and settings.keep_alive_max_attempt == 3
+    assert settings.timeout.join.total_seconds() == 120 and settings.timeout.last_call.total_seconds() == 2
 
 
 def test_min_nodes_defaults_to_nodes_and_renders_as_torchruns_min_max() -> None:
@@ -53,7 +72,10 @@ def test_min_nodes_defaults_to_nodes_and_renders_as_torchruns_min_max() -> None:
     assert "--nnodes=3" in render.torchrun_args(build({"nodes": {"nodes": 3}}), (Host("a", 1),) * 3)
     elastic = build({"nodes": {"hosts": "node0:2,node1:2,node2:2", "min_nodes": 2}})
     args = render.torchrun_args(elastic, elastic.nodes.hosts)
-    assert "--nnodes=2:3" in args and "--rdzv-conf=join_timeout=120,last_call_timeout=2" in args
+    assert (
+        "--nnodes=2:3" in args
+        and "--rdzv-conf=join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=2" in args
+    )
     with pytest.raises(UsageError, match="static rendezvous"):
         render.torchrun_args(elastic, elastic.nodes.hosts, node_rank=0)
     assert build({"nodes": {"nodes": 4}}).as_dict()["nodes"]["min_nodes"] == 4

@@ -24,5 +24,5 @@ echo "slurm: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: torchrun agents, rendezvo
 exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 \
     /shared/venv/bin/python -m torch.distributed.run \
     --nnodes=4 --nproc-per-node=8 --max-restarts=2 \
-    --rdzv-backend=c10d --rdzv-endpoint="$head:$port" --rdzv-id="$SLURM_JOB_ID" --rdzv-conf=join_timeout=120 \
+    --rdzv-backend=c10d --rdzv-endpoint="$head:$port" --rdzv-id="$SLURM_JOB_ID" --rdzv-conf=join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=3 \
     -m app train --dataset mnist --out /shared/runs/lab --resume auto
