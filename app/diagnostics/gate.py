@@ -16,7 +16,8 @@ The image's node entrypoint (docker/bin/ddp-node) runs it on every node before t
   started again  its record is there (a container started again; a later job on the same results): the
                  doctor's checks (the rendezvous host's name resolves, the interface towards it, this
                  host's name, the rendezvous port answers within --timeout; app/diagnostics/doctor.py),
-                 then its devices measured again (twice when the first falls short: each figure's
+                 1 MiB to the rendezvous host and back through its store within --timeout (its link
+                 works end to end, where the other nodes run), then its devices measured again (twice when the first falls short: each figure's
                  better one counts); a figure below --fail-below x the job's, or a failed check,
                  keeps the node out with one line:
                  ``gate: kept out: device check 4.1 GFLOP/s against the job's 36.2 (fail below 0.5)``
@@ -33,8 +34,10 @@ Exit status: 0 passed (or recorded), 3 kept out (without --retry-every), 2 bad i
 import argparse
 import json
 import statistics
+import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -42,7 +45,7 @@ import torch
 from app import flags
 from app.atomic import atomic_write_text
 from app.diagnostics import doctor, health
-from app.errors import ClusterError, UsageError
+from app.errors import ClusterError, UsageError, first_line
 from app.flags import flag
 from app.runtime import launcher
 from app.runtime.distributed import DistConfig
@@ -51,6 +54,8 @@ from app.runtime.launcher import Launcher, Node, ProcessInfo
 SECONDS = 1.0
 """The gate's time measuring each device: half app check's (it is on the path of every node's start and rejoin;
 a figure that falls short is measured once more before it counts)."""
+TRANSFER_BYTES = 1 << 20
+"""What a node sends to the rendezvous host and reads back before it rejoins (its link works, end to end)."""
 KEPT_OUT = 3
 """Exit status of a node that the gate keeps out."""
 C10D_PORT = 29400
@@ -217,11 +222,11 @@ def doctor_view(mine: Node, host: str, port: int, serves: bool) -> ProcessInfo:
     )
 
 
-def checks(cfg: GateConfig, mine: Node, where: Rendezvous | None) -> str | None:
-    """The doctor's checks towards the rendezvous ``where`` (names, interface, port): the first failure's line, or
-    None."""
+def checks(cfg: GateConfig, mine: Node, where: Rendezvous | None) -> tuple[str | None, str]:
+    """The doctor's checks towards the rendezvous ``where`` (names, interface, port), then a short transfer
+    to it and back: (the first failure's line or None, what the transfer took, for the pass line)."""
     if where is None:
-        return None
+        return None, ""
     host, port, serves = where
     serves = serves or host in (mine.host, "localhost", "127.0.0.1")
     proc = doctor_view(mine, host, port, serves)
@@ -233,7 +238,42 @@ def checks(cfg: GateConfig, mine: Node, where: Rendezvous | None) -> str | None:
     doctor.check_host_name(diag, proc, net)
     doctor.check_port(diag, proc, (host, port), cfg.timeout_s)
     failed = diag.failure()
-    return f"doctor's {failed.check} check: {failed.detail}" if failed else None
+    if failed:
+        return f"doctor's {failed.check} check: {failed.detail}", ""
+    return (None, "") if serves else transfer(mine.host, host, port, cfg.timeout_s)
+
+
+def transfer(me: str, host: str, port: int, timeout_s: float) -> tuple[str | None, str]:
+    """TRANSFER_BYTES to the rendezvous host and back through its store (torch's TCPStore: the rendezvous'
+    own server), within ``timeout_s``: (why it failed or None, ``1 MiB to host and back in 12 ms``).
+
+    In a thread of its own: torch's TCPStore client waits forever for a server that accepts and never
+    answers (its timeout covers the operations, not the handshake); such a thread is left behind."""
+    size, found = f"{TRANSFER_BYTES >> 20} MiB", {}
+    mover = threading.Thread(target=_move, args=(me, host, port, timeout_s, found), name="gate-transfer", daemon=True)
+    start = time.perf_counter()
+    mover.start()
+    mover.join(timeout_s)
+    if mover.is_alive():
+        return f"transfer check: {size} to {host}:{port} and back: no answer within {timeout_s:g} s", ""
+    if "error" in found:
+        return f"transfer check: {size} to {host}:{port} and back failed ({found['error']})", ""
+    if found["back"] != TRANSFER_BYTES:
+        return f"transfer check: {size} to {host}:{port} came back as {found['back']} bytes", ""
+    return None, f"{size} to {host} and back in {1000 * (time.perf_counter() - start):.0f} ms"
+
+
+def _move(me: str, host: str, port: int, timeout_s: float, found: dict) -> None:
+    from torch.distributed import TCPStore
+
+    key = f"ddp-cluster/gate/{me}"
+    try:
+        store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+        store.set(key, bytes(TRANSFER_BYTES))
+        found["back"] = len(store.get(key))
+        store.delete_key(key)
+    except (RuntimeError, ValueError) as error:  # DistError, DistStoreError, a timeout: RuntimeErrors
+        found["error"] = first_line(error)[:160]
 
 
 @dataclass(frozen=True)
@@ -241,20 +281,23 @@ class Judged:
     why: str | None
     """The failing check's line; None: passed."""
     figures: list[health.DeviceHealth]
+    transfer: str = ""
+    """What the transfer to the rendezvous host took (empty: none was made)."""
 
 
 def judge(cfg: GateConfig, mine: Node, where: Rendezvous | None, start: list[health.DeviceHealth]) -> Judged:
-    why = checks(cfg, mine, where)
+    why, moved = checks(cfg, mine, where)
     if why is not None:
         return Judged(why, [])
     figures = measure(cfg.device_seconds)
     if shortfall(figures, start, cfg.fail_below) is not None:  # measured once more before it counts
         figures = best(figures, measure(cfg.device_seconds))
-    return Judged(shortfall(figures, start, cfg.fail_below), figures)
+    return Judged(shortfall(figures, start, cfg.fail_below), figures, moved)
 
 
 def passed(judged: Judged, start: list[health.DeviceHealth], took: str) -> str:
-    return f"gate: passed {took}: {describe(judged.figures)} against the job's {describe(start)}"
+    moved = f"; {judged.transfer}" if judged.transfer else ""
+    return f"gate: passed {took}: {describe(judged.figures)} against the job's {describe(start)}{moved}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

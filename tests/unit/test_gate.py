@@ -3,6 +3,8 @@ the rendezvous it reads from torchrun's arguments, its records, and the one line
 kept out (a real measurement against start figures no CPU reaches)."""
 
 import json
+import re
+import socket
 
 import pytest
 
@@ -138,3 +140,21 @@ def test_a_nodes_environment_with_the_jobs_world_size_but_no_rank_is_no_error(tm
     flags = ["gate", "--records", str(tmp_path / "gate"), "--device-seconds", "0.2", "--log-dir", str(tmp_path)]
     assert cli.main(flags) == 0, capsys.readouterr().err
     assert len(list((tmp_path / "gate").glob("*.json"))) == 1
+
+
+def test_a_short_transfer_to_the_rendezvous_store_and_back_passes_and_says_what_it_took() -> None:
+    from torch.distributed import TCPStore
+
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # a rendezvous store, as c10d's
+    why, took = gate.transfer("node1", "127.0.0.1", server.port, 5.0)
+    assert why is None and re.fullmatch(r"1 MiB to 127\.0\.0\.1 and back in \d+ ms", took), took
+    assert not server.check(["ddp-cluster/gate/node1"])  # it leaves nothing behind
+
+
+def test_a_rendezvous_port_that_answers_but_moves_nothing_keeps_the_node_out_within_the_timeout() -> None:
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        why, took = gate.transfer("node1", "127.0.0.1", port, 1.0)
+    assert (why, took) == (f"transfer check: 1 MiB to 127.0.0.1:{port} and back: no answer within 1 s", "")
