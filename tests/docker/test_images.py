@@ -116,7 +116,7 @@ print("installed:", [name for name in left_out if importlib.util.find_spec(name)
 """
 # Modules the workload imports; with their bytecode built in, none is compiled from source.
 WORKLOAD_IMPORTS = (
-    "import app.diagnostics.check, app.train.main, app.train.data, sklearn.datasets, sklearn.model_selection, "
+    "import app.diagnostics.check, app.train.main, app.train.data, "
     "torch.distributed.run, torch.nn.parallel, torch.utils.tensorboard, matplotlib.pyplot, tqdm"
 )
 

@@ -30,6 +30,9 @@ THROTTLE_IMAGE = "ddp-cluster-node:bookworm"  # has iproute2 (tc); `make ansible
 # a busy machine's scheduling noise and keeps the run short.
 LINKS_ARGS = "LINKS_ARGS=--bytes 1M --iters 10 --fail-below 0.1"
 HALF_ARGS = "LINKS_ARGS=--bytes 16M --iters 3"  # 16 MiB transfers: tbf's 1 MB burst is a small part of each
+HALF_RUNS_AT_MOST = 5
+"""Runs of the half-speed test: the throttle lands at 0.36-0.63 of the median (a busy machine moves the median),
+and the verdict is judged on the first three that land at about half (0.3-0.6)."""
 TBF = ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "20mbit", "burst", "32kbit", "latency", "400ms"]
 
 
@@ -129,15 +132,18 @@ def test_a_node_at_half_speed_gets_the_same_verdict_every_run(cluster, throttle_
     median = cluster.json("links/links.json")["median_gbps"]
     rate_mbit = max(int(median * 8000 * 0.42), 1)  # tbf's rate at 0.42 of the median gave 0.4-0.55 of it
     verdicts, ratios = [], []
-    for _ in range(3):
+    for _ in range(HALF_RUNS_AT_MOST):  # a run where tbf did not hold the head at about half speed says nothing
         report = _throttled_links(cluster, rate_mbit)
         sends = report["bandwidth_gbps"][0][1]  # head -> worker-1
         ratios.append(round(sends / report["median_gbps"], 2))
-        verdicts.append((report["slow_nodes"], report["slow_links"]))
+        if 0.3 < ratios[-1] < 0.6:
+            verdicts.append((report["slow_nodes"], report["slow_links"]))
         print("bandwidth (GB/s):", report["bandwidth_gbps"])
+        if len(verdicts) == 3:
+            break
     print(f"links at half speed: clean median {median:.2f} GB/s, tbf {rate_mbit} mbit, head->worker-1 / median "
-          f"{ratios}, verdicts {verdicts}")  # fmt: skip
-    assert all(0.3 < r < 0.6 for r in ratios), ratios  # the head really ran at about half speed
+          f"{ratios}, verdicts at about half speed {verdicts}")  # fmt: skip
+    assert len(verdicts) == 3, ratios  # three runs with the head really at about half speed
     head = report["nodes"][0]  # rank 0's node, the throttled one
     assert verdicts == [([{"node": head, "direction": "send"}], [])] * 3, verdicts
     assert _docker_events_of(cluster.project) == []  # cluster up left no watcher behind

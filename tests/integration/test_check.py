@@ -1,6 +1,7 @@
 """`app check` under real launchers: single process, torchrun, mpirun and a Slurm-style launch."""
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -157,15 +158,18 @@ DEVICE_WORKER = "tests.integration.measure_worker"
 
 
 def test_a_slow_device_is_named_and_fails_below_the_fraction(tmp_path) -> None:
-    # 3 ranks on this machine's cores, rank 2's device reads at a third of its speed: the rule names it,
-    # and --fail-below 0.5 turns it into exit status 1 naming the rank.
+    # 3 ranks on this machine's cores, rank 2's device reads at a third of its speed (its products and its
+    # copies: the worker slows both): the rule names it, on either figure or both (which one crosses the rule
+    # depends on how the other two share the cores), and --fail-below 0.5 turns it into exit status 1.
     args = ["--slow-device", "2", "check", "--device-seconds", "3", "--fail-below", "0.5"]
     results = run_ranks(3, [*args, "--json", str(tmp_path / "c.json")], tmp_path, module=DEVICE_WORKER)
     assert [r.returncode for r in results] == [1, 1, 1], results[0].stderr[-3000:]
     report = _report(tmp_path / "c.json")
-    assert {(s["rank"], s["metric"]) for s in report["device_health"]["slow"]} >= {(2, "flops")}
-    assert {s["rank"] for s in report["device_health"]["slow"]} == {2}
-    assert "slow: rank 2 on " in results[0].stdout and " GFLOP/s against a median of " in results[0].stdout
+    assert {s["rank"] for s in report["device_health"]["slow"]} == {2}, report["device_health"]
+    named = re.search(
+        r"^slow: rank 2 on \S+ \(cpu\): [\d.]+ (GFLOP/s|GB/s copy) against a median of ", results[0].stdout, re.M
+    )
+    assert named, results[0].stdout[-3000:]
     errors = [line for line in results[0].stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "device_health on rank 2: rank 2 on " in errors[0], errors
     assert "below 0.5 x the median" in errors[0]
