@@ -29,9 +29,16 @@ COMMON = ["--train-samples", "128", "--test-samples", "32", "--epochs", "2", "--
 COMMON += ["--checkpoint-every", "5", "--keep-checkpoints", "10"]
 
 
-def test_the_survivors_keep_the_last_step_and_the_job_resumes_from_it_exactly(tmp_path: Path) -> None:
-    reference, crashed = tmp_path / "reference", tmp_path / "crashed"
-    train(2, synthetic(reference, *COMMON), tmp_path)
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run every test's final parameters are compared with."""
+    tmp = tmp_path_factory.mktemp("reference")
+    train(2, synthetic(tmp / "out", *COMMON), tmp)
+    return tmp / "out"
+
+
+def test_the_survivors_keep_the_last_step_and_the_job_resumes_from_it_exactly(tmp_path: Path, reference: Path) -> None:
+    crashed = tmp_path / "crashed"
 
     # Rank 1 exits abruptly after step 7 (the checkpoint before it: step 5); rank 0's next all-reduce fails.
     worker = ["--crash-at-step", "7", "--crash-rank", "1", *synthetic(crashed, *COMMON)]
@@ -61,11 +68,10 @@ def resumes_exactly(crashed: Path, reference: Path, tmp_path: Path, step: int) -
         assert torch.equal(want[name], got[name]), name
 
 
-def test_a_process_killed_under_torchrun_loses_no_step(tmp_path: Path) -> None:
+def test_a_process_killed_under_torchrun_loses_no_step(tmp_path: Path, reference: Path) -> None:
     """torchrun's agent stops the killed rank's sibling with SIGTERM while its all-reduce fails: it still
     keeps the step (before, SIGTERM ended it inside the roll call and the restart took the checkpoint of 5)."""
-    reference, crashed = tmp_path / "reference", tmp_path / "crashed"
-    train(2, synthetic(reference, *COMMON), tmp_path)
+    crashed = tmp_path / "crashed"
     flags = ["--crash-at-step", "7", "--crash-rank", "1", *synthetic(crashed, *COMMON, "--resume", "auto")]
     done = train_torchrun_restarting(2, flags, max_restarts=1)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -76,9 +82,10 @@ def test_a_process_killed_under_torchrun_loses_no_step(tmp_path: Path) -> None:
         assert torch.equal(want[name], got[name]), name
 
 
-def test_ranks_stopped_by_sigterm_keep_their_step_and_the_job_resumes_from_it_exactly(tmp_path: Path) -> None:
-    reference, stopped = tmp_path / "reference", tmp_path / "stopped"
-    train(2, synthetic(reference, *COMMON), tmp_path)
+def test_ranks_stopped_by_sigterm_keep_their_step_and_the_job_resumes_from_it_exactly(
+    tmp_path: Path, reference: Path
+) -> None:
+    stopped = tmp_path / "stopped"
     # Both ranks get SIGTERM during step 6's hooks (as torchrun's agents stop every worker for a new round):
     # they stop at the next step boundary, step 7; rank 0 keeps it, rank 1 goes without a word.
     worker = ["--term-at-step", "6", "--term-rank", "0", "--term-rank", "1", *synthetic(stopped, *COMMON)]
@@ -91,9 +98,8 @@ def test_ranks_stopped_by_sigterm_keep_their_step_and_the_job_resumes_from_it_ex
     resumes_exactly(stopped, reference, tmp_path, 7)
 
 
-def test_one_rank_stopped_is_named_by_the_other_which_keeps_the_step(tmp_path: Path) -> None:
-    reference, stopped = tmp_path / "reference", tmp_path / "stopped"
-    train(2, synthetic(reference, *COMMON), tmp_path)
+def test_one_rank_stopped_is_named_by_the_other_which_keeps_the_step(tmp_path: Path, reference: Path) -> None:
+    stopped = tmp_path / "stopped"
     worker = ["--term-at-step", "6", "--term-rank", "1", *synthetic(stopped, *COMMON)]
     first = run_ranks(2, worker, tmp_path, module="tests.integration.train_worker")
     assert [r.returncode for r in first] == [1, STATUS], first[0].stderr[-3000:]
