@@ -17,9 +17,9 @@ The image's node entrypoint (docker/bin/ddp-node) runs it on every node before t
                  doctor's checks (the rendezvous host's name resolves, the interface towards it, this
                  host's name, the rendezvous port answers within --timeout; app/diagnostics/doctor.py),
                  1 MiB to the rendezvous host and back through its store within --timeout (its link
-                 works end to end, where the other nodes run), then its devices measured again (twice when the first falls short: each figure's
-                 better one counts); a figure below --fail-below x the job's, or a failed check,
-                 keeps the node out with one line:
+                 works end to end, where the other nodes run), then its devices measured again (twice
+                 when the first falls short: each figure's better one counts); a figure below
+                 --fail-below x the job's, or a failed check, keeps the node out with one line:
                  ``gate: kept out: device check 4.1 GFLOP/s against the job's 36.2 (fail below 0.5)``
 
 With --retry-every S the node kept out says so once and is judged again every S seconds, in the
