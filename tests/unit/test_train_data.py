@@ -4,8 +4,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
+from app.errors import UsageError
 from app.train import data, models
 from app.train.config import DataConfig
 
@@ -67,3 +69,12 @@ def test_adapt_averages_colour_to_grey() -> None:
     x = torch.stack([torch.zeros(2, 2), torch.ones(2, 2), 2 * torch.ones(2, 2)]).unsqueeze(0)
     out = data.adapt(data.Split(x, torch.zeros(1, dtype=torch.int64)), (1, 2, 2))
     assert torch.allclose(out.x, torch.ones(1, 1, 2, 2))
+
+
+def test_digits_without_scikit_learn_is_one_line_naming_the_fix(monkeypatch) -> None:
+    monkeypatch.setattr(data.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(UsageError) as caught:
+        data.load_digits()
+    assert str(caught.value) == (
+        "--dataset digits reads scikit-learn's digits.csv.gz, not found here: pip install scikit-learn"
+    )
