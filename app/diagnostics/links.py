@@ -26,10 +26,10 @@ slow when its bandwidth is below median / s^k, with s = max(exp(1.4826 x MAD of 
 about half the median, or lower where the links are noisy. A node is named when its links in one
 direction are slow as a group (it sends or receives slowly): their geometric mean is below the
 median of the links that do not touch it / s^(k / sqrt(m)), m its links in that direction (a mean
-of m links has 1/sqrt(m) of one link's noise), and each of them below that median / s^(k/2): with 3
-nodes below 0.62 of the others, with 4 below 0.68 (each link below 0.72), so a node at half speed
-is named in every run where its single links straddle the one-link threshold (median and s here
-are those of the links that do not touch the node). Nodes are named slowest group first, and the
+of m links has 1/sqrt(m) of one link's noise; fewer than m such links judge nothing), and each of
+them below that median / s^(k/2): with 3 nodes below 0.62 of the others, with 4 below 0.68 (each
+link below 0.72), so a node at half speed is named in every run where its single links straddle
+the one-link threshold (median and s here are those of the links that do not touch the node). Nodes are named slowest group first, and the
 links a named node explains judge nothing else: a slow sender's links do not count against their
 receivers. A link is named when it is slow and no named node explains it. The rule needs 3 or more
 nodes (with 2 only --fail-below judges) and holds while fewer than half the links are slow; with 3

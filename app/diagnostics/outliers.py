@@ -63,8 +63,9 @@ def slow_as_a_group(group: list[float], others: list[float], k: float) -> bool:
     The mean of m figures has 1/sqrt(m) of one figure's noise, so a part at half speed is told apart in every
     run, where its single figures straddle the one-figure threshold; s from the others alone keeps the slow
     part's own figures from widening the rule (with 3 nodes they are a third of all links); the second
-    condition keeps one very slow figure from condemning its whole group."""
-    if not group or not others:
+    condition keeps one very slow figure from condemning its whole group. Fewer others than the group has
+    figures judge nothing: one other figure (3 nodes, one already named) is its own noise, not a median."""
+    if not group or len(others) < len(group):
         return False
     rule = judge_values(others, k)
     mean = math.exp(statistics.fmean(math.log(max(v, 1e-12)) for v in group))

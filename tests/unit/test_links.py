@@ -164,3 +164,13 @@ def test_noise_and_a_node_at_four_fifths_name_nothing(n: int) -> None:
             m[i][j] = 1.5 * rng.uniform(0.92, 1.08) * (0.8 if i == 0 else 1.0)
         v = judge(m, k=3)
         assert v.slow_nodes == [] and v.slow_links == [], m
+
+
+def test_with_three_nodes_one_named_node_leaves_too_few_links_to_name_another() -> None:
+    """The CI run that named two senders: the head at a third of the others, and worker-2's link to the head
+    at twice the rest. Once the head is named, the only link that touches neither it nor worker-1 is that
+    fast one: one figure is no median, so worker-1 is judged against nothing and not named."""
+    m = [[None, 0.661, 0.675], [1.942, None, 1.854], [3.815, 2.387, None]]
+    verdict = judge(m, k=3)
+    assert verdict.slow_nodes == [(0, "send")] and verdict.slow_links == []
+
