@@ -19,21 +19,21 @@ transfers (a connection idle since the last visit starts slowly) and one timed t
 best of each counts: other traffic only slows a transfer down, and spread over the run it cannot
 spoil all of a link's samples.
 
-Rank 0 prints the N x N tables (rows: sender, columns: receiver, names: host names) and the
-verdict, by the outlier rule of app/diagnostics/outliers.py over all links' bandwidth: a link is
-slow when its bandwidth is below median / s^k, with s = max(exp(1.4826 x MAD of ln bandwidth),
-1.25) (median: the geometric one; MAD: median absolute deviation; --k, default 3): with k = 3
-about half the median, or lower where the links are noisy. A node is named when its links in one
-direction are slow as a group (it sends or receives slowly): their geometric mean is below the
-median of the links that do not touch it / s^(k / sqrt(m)), m its links in that direction (a mean
-of m links has 1/sqrt(m) of one link's noise; fewer than m such links judge nothing), and each of
-them below that median / s^(k/2): with 3 nodes below 0.62 of the others, with 4 below 0.68 (each
-link below 0.72), so a node at half speed is named in every run where its single links straddle
-the one-link threshold (median and s here are those of the links that do not touch the node). Nodes are named slowest group first, and the
-links a named node explains judge nothing else: a slow sender's links do not count against their
-receivers. A link is named when it is slow and no named node explains it. The rule needs 3 or more
-nodes (with 2 only --fail-below judges) and holds while fewer than half the links are slow; with 3
-nodes one noisy link besides a slow node can hide it, so use 4 or more where you can.
+Rank 0 prints the N x N tables (rows: sender, columns: receiver, names: host names) and the verdict,
+by the outlier rule of app/diagnostics/outliers.py over all links' bandwidth: a link is slow when
+its bandwidth is below median / s^k, with s = max(exp(1.4826 x MAD of ln bandwidth), 1.25) (median:
+the geometric one; MAD: median absolute deviation; --k, default 3): with k = 3 about half the
+median, or lower where the links are noisy. A node is named when its links in one direction are slow
+as a group (it sends or receives slowly): their geometric mean is below the median of the links that
+do not touch it / s^(k / sqrt(m)), m its links in that direction (a mean of m links has 1/sqrt(m) of
+one link's noise; fewer than m such links judge nothing), and each of them below that median /
+s^(k/2): with 3 nodes below 0.62 of the others, with 4 below 0.68 (each link below 0.72), so a node
+at half speed is named in every run where its single links straddle the one-link threshold (median
+and s here are those of the links that do not touch the node). Nodes are named slowest group first,
+and the links a named node explains judge nothing else: a slow sender's links do not count against
+their receivers. A link is named when it is slow and no named node explains it. The rule needs 3 or
+more nodes (with 2 only --fail-below judges) and holds while fewer than half the links are slow;
+with 3 nodes one noisy link besides a slow node can hide it, so use 4 or more where you can.
 
 --fail-below FRACTION: exit status 1 when any link's bandwidth is below FRACTION x the median
 (the error line names them); without it the verdict is reported and the exit status is 0.

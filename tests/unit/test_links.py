@@ -173,4 +173,3 @@ def test_with_three_nodes_one_named_node_leaves_too_few_links_to_name_another() 
     m = [[None, 0.661, 0.675], [1.942, None, 1.854], [3.815, 2.387, None]]
     verdict = judge(m, k=3)
     assert verdict.slow_nodes == [(0, "send")] and verdict.slow_links == []
-
