@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.train_runs import final_params, metrics, summary, synthetic, train, train_torchrun_restarting
+from tests.integration.train_runs import (
+    final_params,
+    metrics,
+    same_final_params,
+    summary,
+    synthetic,
+    train,
+    train_torchrun_restarting,
+)
 from tests.integration.train_worker import CRASH_EXIT_CODE
 
 pytestmark = pytest.mark.integration
@@ -62,9 +70,7 @@ def test_killed_job_resumes_to_the_same_parameters(tmp_path) -> None:
     assert f"{line} (the failed attempt reached step 7)" in done.stdout.splitlines(), done.stdout[-2000:]
     assert _steps(crashed) == _steps(reference) == [5, 8, 10, 15, 16]
 
-    want, got = final_params(reference), final_params(crashed)
-    for name in want:
-        assert torch.equal(want[name], got[name]), name
+    same_final_params(reference, crashed)
     assert summary(crashed)["test_accuracy"] == summary(reference)["test_accuracy"]
 
 

@@ -8,15 +8,14 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from app import progress
 from app.train.stop import STATUS, STOP_GRACE_S
 from tests.integration.launchers import PYTHON, _clean_env
 from tests.integration.train_runs import (
-    final_params,
     metrics,
     run_ranks,
+    same_final_params,
     synthetic,
     train,
     train_torchrun_restarting,
@@ -49,13 +48,9 @@ def test_the_survivors_keep_the_last_step_and_the_job_resumes_from_it_exactly(tm
     snapshot = crashed / "checkpoints" / "emergency.pt"
     assert error[0].endswith(f"; rank 0 kept step 7 in {snapshot}"), error[0]
 
-    again = train(2, synthetic(crashed, *COMMON, "--resume", "auto"), tmp_path)
-    assert f"train: resumed from step 7 (checkpoint {snapshot}), no steps lost" in again.stdout, again.stdout
+    resumes_exactly(crashed, reference, tmp_path, 7)
     [resume] = [m for m in metrics(crashed) if m["event"] == "resume"]
     assert (resume["from_step"], resume["lost"]) == (7, 0), resume
-    want, got = final_params(reference), final_params(crashed)
-    for name in want:
-        assert torch.equal(want[name], got[name]), name
 
 
 def resumes_exactly(crashed: Path, reference: Path, tmp_path: Path, step: int) -> None:
@@ -63,9 +58,7 @@ def resumes_exactly(crashed: Path, reference: Path, tmp_path: Path, step: int) -
     snapshot = crashed / "checkpoints" / "emergency.pt"
     again = train(2, synthetic(crashed, *COMMON, "--resume", "auto"), tmp_path)
     assert f"train: resumed from step {step} (checkpoint {snapshot}), no steps lost" in again.stdout, again.stdout
-    want, got = final_params(reference), final_params(crashed)
-    for name in want:
-        assert torch.equal(want[name], got[name]), name
+    same_final_params(reference, crashed)
 
 
 def test_a_process_killed_under_torchrun_loses_no_step(tmp_path: Path, reference: Path) -> None:
@@ -77,9 +70,7 @@ def test_a_process_killed_under_torchrun_loses_no_step(tmp_path: Path, reference
     assert done.returncode == 0, done.stderr[-3000:]
     snapshot = crashed / "checkpoints" / "emergency.pt"
     assert f"train: resumed from step 7 (checkpoint {snapshot}), no steps lost" in done.stdout, done.stdout[-3000:]
-    want, got = final_params(reference), final_params(crashed)
-    for name in want:
-        assert torch.equal(want[name], got[name]), name
+    same_final_params(reference, crashed)
 
 
 def test_ranks_stopped_by_sigterm_keep_their_step_and_the_job_resumes_from_it_exactly(

@@ -62,6 +62,13 @@ def final_params(out: Path) -> dict[str, torch.Tensor]:
     return torch.load(newest, map_location="cpu", weights_only=True)["model_state"]
 
 
+def same_final_params(reference: Path, out: Path) -> None:
+    """The run in ``out`` ended with the parameters of ``reference``, bit for bit."""
+    want, got = final_params(reference), final_params(out)
+    for name in want:
+        assert torch.equal(want[name], got[name]), name
+
+
 def summary(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 
