@@ -38,6 +38,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "app.diagnostics.gate",
         "a node's health gate before it rejoins: the doctor's checks, devices vs the job's start",
     ),
+    "node": (
+        "app.orchestrate.node",
+        "a node of a torchrun job: its health gate, then torchrun's agent with ranks forked preloaded",
+    ),
 }
 
 
@@ -90,7 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser, module = build_parser(name)
     args = parser.parse_args(rest)
     args.argv = rest  # the command's arguments as given (app bench passes them on to the ranks it starts)
-    with logs.RunLog(name, logs.log_dir(args), verbose=args.verbose) as log:
+    own_output = getattr(module, "OWN_DESCRIPTOR_2", True)
+    with logs.RunLog(name, logs.log_dir(args), verbose=args.verbose, redirect=own_output) as log:
         args.log_file = log.path  # the one log of this command (app cluster writes its nodes' output there too)
         try:
             return _run(module, args, log)
@@ -114,7 +119,7 @@ def _run(module, args: argparse.Namespace, log: logs.RunLog) -> int:
         return log.fail("interrupted (SIGINT)", 130)
     except Exception as error:  # a bug, or a backend error no command expected: one line, the traceback in the log
         return log.fail(f"unexpected {type(error).__name__}: {first_line(error)}", 1, error)
-    if status and log.who.rank is None:  # ranks this process started failed; they wrote their line into our log
+    if status and log.who.rank is None and log.redirect:  # its ranks failed; they wrote their line into our log
         child = log.child_error()
         if child is None:
             return log.fail(f"{log.command} exited with status {status}", status)
@@ -129,16 +134,20 @@ def entry() -> NoReturn:
 
 def leave(status: int) -> NoReturn:
     """Exit with ``status`` without the interpreter's teardown, which takes 0.5-0.9 s of every exit once torch
-    is imported (its modules and objects taken apart one by one; an agent restarting a job waits for it).
-    What a normal exit does first is kept, in its order: threading's shutdown (thread pools told to end,
-    other threads joined, daemon threads left), exit handlers (logging's flush, multiprocessing's
-    children), then standard output and error flushed."""
+    is imported (its modules and objects taken apart one by one; an agent restarting a job waits for it)."""
+    finish()
+    os._exit(status)
+
+
+def finish() -> None:
+    """What an interpreter's exit does before its teardown, in its order: threading's shutdown (thread pools
+    told to end, other threads joined, daemon threads left), exit handlers (logging's flush,
+    multiprocessing's children), then standard output and error flushed."""
     threading._shutdown()  # what the interpreter's exit calls first (a pool's threads wait for its word)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed pipe: nothing more can be said
             stream.flush()
-    os._exit(status)
 
 
 def release_process_groups() -> None:

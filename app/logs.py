@@ -89,9 +89,12 @@ class RunLog:
         return log.fail("the rendezvous timed out", 1)   # prints the one line, keeps the details
     """
 
-    def __init__(self, command: str, folder: Path, *, verbose: bool = False) -> None:
+    def __init__(self, command: str, folder: Path, *, verbose: bool = False, redirect: bool = True) -> None:
         self.command = command
         self.verbose = verbose
+        self.redirect = redirect and not verbose
+        """Native output and loggers go to the log while entered (not for a launcher whose ranks share its
+        descriptor 2: app node, whose output is its ranks' as torchrun's is)."""
         self.who = launcher.identity()
         self.path = self._open(folder.absolute() / file_name(command, self.who.rank))
         self._start = self._file.tell()
@@ -114,7 +117,7 @@ class RunLog:
             return path
 
     def __enter__(self) -> "RunLog":
-        if not self.verbose:
+        if self.redirect:
             self._redirect()
         return self
 

@@ -36,7 +36,7 @@ import json
 import statistics
 import threading
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -45,15 +45,12 @@ import torch
 from app import flags
 from app.atomic import atomic_write_text
 from app.diagnostics import doctor, health
+from app.diagnostics.gate_config import GateConfig
 from app.errors import ClusterError, UsageError, first_line
-from app.flags import flag
 from app.runtime import launcher
 from app.runtime.distributed import DistConfig
 from app.runtime.launcher import Launcher, Node, ProcessInfo
 
-SECONDS = 1.0
-"""The gate's time measuring each device: half app check's (it is on the path of every node's start and rejoin;
-a figure that falls short is measured once more before it counts)."""
 TRANSFER_BYTES = 1 << 20
 """What a node sends to the rendezvous host and reads back before it rejoins (its link works, end to end)."""
 KEPT_OUT = 3
@@ -64,37 +61,6 @@ STATIC_PORT = 29500
 """torchrun's --master-port default (a static rendezvous)."""
 Rendezvous = tuple[str, int, bool]
 """(host, port, whether this node serves it)."""
-
-
-@dataclass(frozen=True)
-class GateConfig:
-    """Gate: where the job's figures are, what it checks, how it waits."""
-
-    records: Path = field(default=Path("/results/gate"), metadata=flag(metavar="DIR"))
-    """Each node's device figures at the job's start, one <host>.json (every engine mounts the job's results
-    at /results)."""
-    torchrun_args: Path | None = field(default=None, metadata=flag(metavar="PATH"))
-    """torchrun's arguments (ddp-node's /cluster/torchrun.args): the rendezvous the doctor checks; none: devices
-    only."""
-    fail_below: float = field(default=0.5, metadata=flag(metavar="FRACTION"))
-    """Keep the node out when a device figure is below FRACTION x the job's at its start."""
-    device_seconds: float = field(default=SECONDS, metadata=flag(metavar="S"))
-    """Seconds measuring each device (matrix product, then copy), as app check's --device-seconds."""
-    timeout_s: float = field(default=5.0, metadata=flag(option="--timeout", metavar="S"))
-    """Seconds the rendezvous port has to answer."""
-    retry_every: float = field(default=0.0, metadata=flag(metavar="S"))
-    """0: judge once (exit 3 when kept out); S: say it once, then judge again every S seconds until it passes."""
-
-    def __post_init__(self) -> None:
-        if not 0 < self.fail_below <= 1:
-            raise UsageError(
-                f"--fail-below {self.fail_below:g} must be a fraction of the job's figures in (0, 1], e.g. 0.5"
-            )
-        for name, value in (("--device-seconds", self.device_seconds), ("--timeout", self.timeout_s)):
-            if value <= 0:
-                raise UsageError(f"{name} {value:g} must be a positive number of seconds")
-        if self.retry_every < 0:
-            raise UsageError(f"--retry-every {self.retry_every:g} must be >= 0 (0 judges once)")
 
 
 # --- the verdict: pure functions of the figures ---------------------------------------------------
@@ -196,6 +162,11 @@ def rendezvous(args_file: Path) -> Rendezvous:
     except OSError as error:
         raise UsageError(f"--torchrun-args {args_file}: {error.strerror or error}") from None
     parsed, _ = get_args_parser().parse_known_args([*words, "job"])
+    return rendezvous_of(parsed)
+
+
+def rendezvous_of(parsed: argparse.Namespace) -> Rendezvous:
+    """(host, port, whether this node serves it) of parsed torchrun arguments."""
     if parsed.rdzv_backend == "static":
         return parsed.master_addr, parsed.master_port or STATIC_PORT, parsed.node_rank == 0
     endpoint = parsed.rdzv_endpoint
@@ -308,19 +279,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Record this node's figures (first start), or judge it: 0 passed, 3 kept out (ClusterError)."""
     cfg = flags.from_args(GateConfig, args)
+    admit(cfg, rendezvous(cfg.torchrun_args) if cfg.torchrun_args else None)  # bad input fails at any start
+    return 0
+
+
+def admit(cfg: GateConfig, where: Rendezvous | None) -> None:
+    """Record this node's figures at its first start, or judge it against the job's: return once it passed;
+    kept out, a ClusterError (status KEPT_OUT), or with ``cfg.retry_every`` judged again until it passes."""
     mine = launcher.this_node()  # (no rank before torchrun: Ansible's env file holds WORLD_SIZE alone)
-    where = rendezvous(cfg.torchrun_args) if cfg.torchrun_args else None  # bad input fails at any start
     began = time.monotonic()
     path = cfg.records / f"{mine.host}.json"
     start = read_record(path)
     if start is None:
         print(record(path, mine.host, measure(cfg.device_seconds)), flush=True)
-        return 0
+        return
     start = job_figures(start, read_records(cfg.records))
     judged = judge(cfg, mine, where, start)
     if judged.why is None:
         print(passed(judged, start, f"in {time.monotonic() - began:.1f} s"), flush=True)
-        return 0
+        return
     if not cfg.retry_every:
         raise ClusterError(f"{mine.host} kept out: {judged.why}", KEPT_OUT)
     print(f"gate: kept out: {judged.why}; tried again every {cfg.retry_every:g} s", flush=True)
@@ -329,4 +306,3 @@ def run(args: argparse.Namespace) -> int:
         time.sleep(cfg.retry_every)
         judged = judge(cfg, mine, where, start)
     print(passed(judged, start, f"after {time.monotonic() - kept:.0f} s kept out"), flush=True)
-    return 0

@@ -29,6 +29,9 @@ FR_BUFFER_SIZE = "TORCH_FR_BUFFER_SIZE"
 FR_DUMP_FILE = "TORCH_FR_DUMP_TEMP_FILE"
 """Where the flight recorder's dumps go: this prefix + the rank (default: the run's OUT/flight/fr-rank)."""
 
+OMP_NUM_THREADS = "OMP_NUM_THREADS"
+"""The threads of a process's CPU operators (torchrun sets 1 for each rank of a node of several)."""
+
 NNODES = "NNODES"
 NPROC_PER_NODE = "NPROC_PER_NODE"
 """Written by the env file of a cluster (hosts and processes per host); no launcher reads them."""

@@ -309,6 +309,15 @@ def this_node(env: Mapping[str, str] | None = None) -> Node:
     return Node(socket.gethostname(), next((env[name] for name in envvars.IFNAME_VARIABLES if env.get(name)), None))
 
 
+def cpu_threads(env: Mapping[str, str] | None = None) -> int | None:
+    """The threads OMP_NUM_THREADS gives this process's CPU operators; None when it is unset or not a positive
+    number (torch's default then). A process forked from one that imported torch must set them itself: OpenMP
+    read the variable when the parent loaded it."""
+    env = os.environ if env is None else env
+    value = env.get(envvars.OMP_NUM_THREADS, "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
 def detect(env: Mapping[str, str] | None = None, *, need_master: bool = True) -> ProcessInfo:
     """Describe this process from the environment (``os.environ`` by default).
 

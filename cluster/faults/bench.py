@@ -34,17 +34,17 @@ FIRST_STEPS = f"{OUT}/first-steps.jsonl"
 KILL_A_TRAINING_PROCESS = (
     "import os, signal\n"
     "pids = [int(p) for p in os.listdir('/proc') if p.isdigit()]\n"
-    "def argv(p):\n"
+    "def title(p):\n"
     "    try:\n"
-    "        return open(f'/proc/{p}/cmdline', 'rb').read().split(b'\\0')\n"
+    "        return open(f'/proc/{p}/cmdline', 'rb').read().replace(b'\\0', b' ')\n"
     "    except OSError:\n"
-    "        return []\n"
-    "ranks = [p for p in pids if b'/job/fault_job.py' in argv(p)[1:3] and b'torchrun' not in argv(p)[1]]\n"
+    "        return b''\n"
+    "ranks = [p for p in pids if title(p).startswith(b'python -u /job/fault_job.py ') and b' [rank ' in title(p)]\n"
     "os.kill(max(ranks), signal.SIGKILL)\n"
     "print(max(ranks))\n"
 )
-"""Run in the worker container: SIGKILL its newest training process (``python -u /job/fault_job.py``, not the
-torchrun agent, whose arguments name the script too)."""
+"""Run in the worker container: SIGKILL its newest training process, a rank forked by ``app node`` whose title
+reads ``python -u /job/fault_job.py ... [rank 3]`` (not the node's agent nor its fork server)."""
 
 
 def train_args(epochs: int) -> list[str]:

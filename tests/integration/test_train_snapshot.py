@@ -13,34 +13,30 @@ from app import progress
 from app.train.stop import STATUS, STOP_GRACE_S
 from tests.integration.launchers import PYTHON, _clean_env
 from tests.integration.train_runs import (
+    CHECKPOINTED,
     metrics,
     run_ranks,
     same_final_params,
     synthetic,
     train,
     train_torchrun_restarting,
+    uninterrupted,
 )
 
 pytestmark = pytest.mark.integration
-
-# 128 samples, batch 8 on 2 ranks: 8 steps per epoch, 16 in all; checkpoints every 5 steps.
-COMMON = ["--train-samples", "128", "--test-samples", "32", "--epochs", "2", "--batch-size", "8"]
-COMMON += ["--checkpoint-every", "5", "--keep-checkpoints", "10"]
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The uninterrupted run every test's final parameters are compared with."""
-    tmp = tmp_path_factory.mktemp("reference")
-    train(2, synthetic(tmp / "out", *COMMON), tmp)
-    return tmp / "out"
+    return uninterrupted(tmp_path_factory.mktemp("reference"))
 
 
 def test_the_survivors_keep_the_last_step_and_the_job_resumes_from_it_exactly(tmp_path: Path, reference: Path) -> None:
     crashed = tmp_path / "crashed"
 
     # Rank 1 exits abruptly after step 7 (the checkpoint before it: step 5); rank 0's next all-reduce fails.
-    worker = ["--crash-at-step", "7", "--crash-rank", "1", *synthetic(crashed, *COMMON)]
+    worker = ["--crash-at-step", "7", "--crash-rank", "1", *synthetic(crashed, *CHECKPOINTED)]
     first = run_ranks(2, worker, tmp_path, module="tests.integration.train_worker")
     assert [r.returncode for r in first] == [1, 17], first[0].stderr[-3000:]
     error = [line for line in first[0].stderr.splitlines() if "ClusterError: " in line]  # the worker: no app.cli
@@ -56,7 +52,7 @@ def test_the_survivors_keep_the_last_step_and_the_job_resumes_from_it_exactly(tm
 def resumes_exactly(crashed: Path, reference: Path, tmp_path: Path, step: int) -> None:
     """The job run again resumes from the snapshot of ``step``, loses nothing and ends as ``reference``."""
     snapshot = crashed / "checkpoints" / "emergency.pt"
-    again = train(2, synthetic(crashed, *COMMON, "--resume", "auto"), tmp_path)
+    again = train(2, synthetic(crashed, *CHECKPOINTED, "--resume", "auto"), tmp_path)
     assert f"train: resumed from step {step} (checkpoint {snapshot}), no steps lost" in again.stdout, again.stdout
     same_final_params(reference, crashed)
 
@@ -65,7 +61,7 @@ def test_a_process_killed_under_torchrun_loses_no_step(tmp_path: Path, reference
     """torchrun's agent stops the killed rank's sibling with SIGTERM while its all-reduce fails: it still
     keeps the step (before, SIGTERM ended it inside the roll call and the restart took the checkpoint of 5)."""
     crashed = tmp_path / "crashed"
-    flags = ["--crash-at-step", "7", "--crash-rank", "1", *synthetic(crashed, *COMMON, "--resume", "auto")]
+    flags = ["--crash-at-step", "7", "--crash-rank", "1", *synthetic(crashed, *CHECKPOINTED, "--resume", "auto")]
     done = train_torchrun_restarting(2, flags, max_restarts=1)
     assert done.returncode == 0, done.stderr[-3000:]
     snapshot = crashed / "checkpoints" / "emergency.pt"
@@ -79,7 +75,7 @@ def test_ranks_stopped_by_sigterm_keep_their_step_and_the_job_resumes_from_it_ex
     stopped = tmp_path / "stopped"
     # Both ranks get SIGTERM during step 6's hooks (as torchrun's agents stop every worker for a new round):
     # they stop at the next step boundary, step 7; rank 0 keeps it, rank 1 goes without a word.
-    worker = ["--term-at-step", "6", "--term-rank", "0", "--term-rank", "1", *synthetic(stopped, *COMMON)]
+    worker = ["--term-at-step", "6", "--term-rank", "0", "--term-rank", "1", *synthetic(stopped, *CHECKPOINTED)]
     first = run_ranks(2, worker, tmp_path, module="tests.integration.train_worker")
     assert [r.returncode for r in first] == [STATUS, STATUS], first[0].stderr[-3000:] + first[1].stderr[-3000:]
     snapshot = stopped / "checkpoints" / "emergency.pt"
@@ -91,7 +87,7 @@ def test_ranks_stopped_by_sigterm_keep_their_step_and_the_job_resumes_from_it_ex
 
 def test_one_rank_stopped_is_named_by_the_other_which_keeps_the_step(tmp_path: Path, reference: Path) -> None:
     stopped = tmp_path / "stopped"
-    worker = ["--term-at-step", "6", "--term-rank", "1", *synthetic(stopped, *COMMON)]
+    worker = ["--term-at-step", "6", "--term-rank", "1", *synthetic(stopped, *CHECKPOINTED)]
     first = run_ranks(2, worker, tmp_path, module="tests.integration.train_worker")
     assert [r.returncode for r in first] == [1, STATUS], first[0].stderr[-3000:]
     error = [line for line in first[0].stderr.splitlines() if "ClusterError: " in line]  # the worker: no app.cli
@@ -108,7 +104,7 @@ def test_sigterm_inside_a_hung_collective_ends_the_rank_within_the_grace_not_the
     for rank in (0, 1):
         env = _clean_env({"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2"})
         cmd = [PYTHON, "-m", "tests.integration.train_worker", "--hang-at-step", "3", "--hang-rank", "1",
-               *synthetic(out, *COMMON, "--timeout", "300"), "--init-method", f"file://{rdzv}"]  # fmt: skip
+               *synthetic(out, *CHECKPOINTED, "--timeout", "300"), "--init-method", f"file://{rdzv}"]  # fmt: skip
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     try:
         while (progress.reached(out) or 0) < 3:

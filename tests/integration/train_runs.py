@@ -51,6 +51,18 @@ def train(nproc: int, args: list[str], tmp_path: Path) -> subprocess.CompletedPr
     return results[0]
 
 
+CHECKPOINTED = ["--train-samples", "128", "--test-samples", "32", "--epochs", "2", "--batch-size", "8"]
+CHECKPOINTED += ["--checkpoint-every", "5", "--keep-checkpoints", "10"]
+"""A short run with checkpoints: 128 samples, batch 8 on 2 ranks: 8 steps per epoch, 16 in all; every 5 steps."""
+
+
+def uninterrupted(tmp: Path) -> Path:
+    """The output folder of a CHECKPOINTED run on 2 hand-started ranks, uninterrupted: the final parameters that
+    every interrupted or relaunched run of it must end with."""
+    train(2, synthetic(tmp / "out", *CHECKPOINTED), tmp)
+    return tmp / "out"
+
+
 def synthetic(out: Path, *extra: str) -> list[str]:
     """Flags of a small, quick synthetic run writing to ``out``."""
     return ["--dataset", "synthetic", "--input-shape", "1x28x28", "--out", str(out), "--quiet", *extra]

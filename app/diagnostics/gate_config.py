@@ -1,0 +1,47 @@
+"""The health gate's settings (app/diagnostics/gate.py), apart from the gate: ``app node`` reads them as its
+flags before it imports torch, which its fork server imports at the same time (app/orchestrate/node.py).
+
+    python -m app gate --help        # these flags, with the gate's
+    python -m app node --help        # these flags, with the node's and torchrun's
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.errors import UsageError
+from app.flags import flag
+
+SECONDS = 1.0
+"""The gate's time measuring each device: half app check's (it is on the path of every node's start and rejoin;
+a figure that falls short is measured once more before it counts)."""
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """Gate: where the job's figures are, what it checks, how it waits."""
+
+    records: Path = field(default=Path("/results/gate"), metadata=flag(metavar="DIR"))
+    """Each node's device figures at the job's start, one <host>.json (every engine mounts the job's results
+    at /results)."""
+    torchrun_args: Path | None = field(default=None, metadata=flag(metavar="PATH"))
+    """torchrun's arguments (ddp-node's /cluster/torchrun.args): the rendezvous the doctor checks; none: devices
+    only."""
+    fail_below: float = field(default=0.5, metadata=flag(metavar="FRACTION"))
+    """Keep the node out when a device figure is below FRACTION x the job's at its start."""
+    device_seconds: float = field(default=SECONDS, metadata=flag(metavar="S"))
+    """Seconds measuring each device (matrix product, then copy), as app check's --device-seconds."""
+    timeout_s: float = field(default=5.0, metadata=flag(option="--timeout", metavar="S"))
+    """Seconds the rendezvous port has to answer."""
+    retry_every: float = field(default=0.0, metadata=flag(metavar="S"))
+    """0: judge once (exit 3 when kept out); S: say it once, then judge again every S seconds until it passes."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.fail_below <= 1:
+            raise UsageError(
+                f"--fail-below {self.fail_below:g} must be a fraction of the job's figures in (0, 1], e.g. 0.5"
+            )
+        for name, value in (("--device-seconds", self.device_seconds), ("--timeout", self.timeout_s)):
+            if value <= 0:
+                raise UsageError(f"{name} {value:g} must be a positive number of seconds")
+        if self.retry_every < 0:
+            raise UsageError(f"--retry-every {self.retry_every:g} must be >= 0 (0 judges once)")

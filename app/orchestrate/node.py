@@ -1,0 +1,190 @@
+"""``python -m app node``: one node of a torchrun job: its health gate, then torchrun's agent in the same
+process, every rank a fork of one interpreter that imported torch once (app/runtime/agent.py).
+
+    python -m app node --retry-every 10 -- $(cat /cluster/torchrun.args) -m app train --out /results/x
+    python -m app node --records runs/gate -- --standalone --nproc-per-node 2 -m app train --out runs/x
+    python -m app node --no-fork -- --standalone --nproc-per-node 2 /job/train.py   # torchrun's own launch
+
+What follows ``--`` is torchrun's command line, read by torchrun's parser: the image's node entrypoint
+(docker/bin/ddp-node, on compose, Ansible and Kubernetes) runs this with the rendered arguments of
+/cluster/torchrun.args, then the node's own and the job. In order:
+
+  1  the fork server starts: it imports PRELOAD while this process imports torch, reads the arguments and
+     runs the gate (the imports take one core: the gate's figures at a start and a restart see it alike)
+  2  the health gate (app/diagnostics/gate.py, its flags here too): the node's figures recorded at its
+     first start, judged against the job's when it starts again; kept out, one line, judged again every
+     --retry-every seconds (0: exit 3)
+  3  torch's elastic agent: the rendezvous, the ranks (forks of the server, once it has imported), restarts
+
+A restarted node thus pays one torch import, not one per process: with torchrun and a separate gate,
+the gate, the agent and every rank each imported torch, and every rank torch._dynamo too.
+
+Exit status: 0 the job finished, 1 a rank failed past the restarts (torchrun's report printed, the ranks
+said their lines) or the rendezvous failed (one line), 2 bad input, 3 kept out by the gate.
+"""
+
+import argparse
+import contextlib
+import os
+import runpy
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from app import cli, flags
+from app.diagnostics.gate_config import GateConfig
+from app.errors import ClusterError, Stopped, UsageError, first_line
+from app.runtime import agent, launcher
+
+PRELOAD = (
+    "torch",
+    "torch._dynamo",  # what torch's optimizer imports when it is built: 1.4-1.9 s of every rank's start
+    "torch.distributed",
+    "torch.nn.parallel",
+    "torch.utils.tensorboard",  # app train's scalars (skipped where tensorboard is not installed)
+    "app.cli",
+    "app.train.main",
+)
+"""What the fork server imports before it forks the first rank: torch and the workload's modules."""
+OWN_DESCRIPTOR_2 = False
+"""The ranks and torch's agent write to this process's standard output and error, as torchrun's do: they are the
+node's output (``docker logs``), which the runner reads; this command's log does not take them."""
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Node: how its ranks start."""
+
+    fork: bool = True
+    """Fork each rank from one server that imported torch once (off: a new interpreter per rank, as torchrun)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``python -m app node``: the node's, the gate's, then torchrun's command line after ``--``."""
+    flags.add_arguments(parser, NodeConfig)
+    flags.add_arguments(parser, GateConfig, exclude=("torchrun_args",))
+    parser.add_argument(
+        "torchrun", nargs=argparse.REMAINDER, metavar="-- TORCHRUN_ARGS", help="torchrun's arguments, then the job"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Gate the node, then run its agent until the job ends."""
+    node = flags.from_args(NodeConfig, args)
+    gate_cfg = flags.from_args(GateConfig, args)
+    words = args.torchrun[1:] if args.torchrun[:1] == ["--"] else args.torchrun
+    if not words:
+        raise UsageError("no job given: python -m app node -- TORCHRUN_ARGS -m app check (see --help)")
+    if node.fork:
+        agent.start_forkserver(PRELOAD)  # first: it imports torch while this process does (nothing here has yet)
+    from app.diagnostics import gate  # torch
+
+    parsed = agent.parse(words)
+    launch = agent.prepare(parsed, rank_main if node.fork else None)  # (torch here read its threads already)
+    host, port, serves = gate.rendezvous_of(parsed)
+    gate.admit(gate_cfg, (host, port, serves) if port else None)  # port 0 (--standalone): nothing to reach
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+
+    try:
+        agent.launch(launch)
+    except ChildFailedError as error:
+        print(error, file=sys.stderr, flush=True)  # torchrun's report: which rank, its status, its line
+        return 1
+    except SignalException as error:  # docker stop, Slurm, Kubernetes: torch's agent stopped the ranks (its line)
+        raise Stopped("", 128 + error.sigval) from None
+    except RendezvousError as error:
+        raise ClusterError(rendezvous_failed(error, parsed)) from error
+    return 0
+
+
+def rendezvous_failed(error: Exception, parsed: argparse.Namespace) -> str:
+    """The line of a rendezvous that failed (the nodes never met, or another node closed it)."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousTimeoutError
+
+    endpoint = parsed.rdzv_endpoint or f"{parsed.master_addr}:{parsed.master_port}"
+    if isinstance(error, RendezvousTimeoutError):
+        return (
+            f"the rendezvous at {endpoint} timed out: not all nodes (--nnodes {parsed.nnodes}) joined within its "
+            "join timeout: a node that did not start, or cannot reach it"
+        )
+    if isinstance(error, RendezvousClosedError):
+        return f"the rendezvous at {endpoint} was closed: another node ended the job"
+    return f"the rendezvous at {endpoint} failed: {type(error).__name__}: {first_line(error)}"
+
+
+# --- each rank: a fork of the server ---------------------------------------------------------------
+
+
+def rank_main(job: agent.Job) -> None:
+    """One rank of ``job`` in a fork of the server (torch's agent set its environment): as ``python -u``."""
+    import torch
+    from setproctitle import setproctitle
+
+    setproctitle(f"python -u {' '.join(job.words())} [rank {launcher.identity().rank}]")
+    if threads := launcher.cpu_threads():
+        torch.set_num_threads(threads)  # as a new interpreter would read OMP_NUM_THREADS (the server read none)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):  # not a text file: left as it is
+            stream.reconfigure(line_buffering=True)
+    status = run_job(job)
+    cli.finish()
+    if status:
+        raise SystemExit(status)  # torch's agent reads it as the exit status of torchrun's worker process
+
+
+class _Exited(BaseException):
+    """``os._exit(status)`` called in a rank's main thread: the rank ends here, as a return from the job."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def _exit_by_returning(status: int) -> None:
+    raise _Exited(status)
+
+
+def run_job(job: agent.Job) -> int:
+    """Run ``job`` in this process as ``python -u`` would: ``-m app`` as app's own entry point, another module or a
+    script through runpy; its exit status (an uncaught exception printed as the interpreter prints it: 1).
+
+    ``os._exit`` in the job's main thread (``python -m app``'s own way out, a script skipping its teardown)
+    ends the job by returning its status: a forked rank that vanished with status 0 would leave torch's agent
+    waiting forever for its return value. Elsewhere ``os._exit`` is the real one."""
+    sys.argv = [job.target, *job.args]
+    real_exit = os._exit
+    main = threading.current_thread()
+    os._exit = lambda status: _exit_by_returning(status) if threading.current_thread() is main else real_exit(status)
+    try:
+        if job.module and job.target == "app":
+            return cli.main(list(job.args))
+        if job.module:
+            runpy.run_module(job.target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path.insert(0, str(Path(job.target).resolve().parent))  # as `python SCRIPT` puts it first
+            runpy.run_path(job.target, run_name="__main__")
+        return 0
+    except _Exited as exited:
+        return exited.status
+    except SystemExit as stop:
+        return exit_status(stop.code)
+    except KeyboardInterrupt:
+        return 130
+    except BaseException:
+        sys.excepthook(*sys.exc_info())  # the interpreter's report (torch's [rankN]: prefix once it has a group)
+        return 1
+    finally:
+        os._exit = real_exit
+
+
+def exit_status(code: object) -> int:
+    """The status ``sys.exit(code)`` gives a process (a message is printed, and gives 1)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1

@@ -1,0 +1,177 @@
+"""``python -m app node``: the health gate, then torchrun's agent in the same process with every rank a
+fork of one preloaded server; each test against real ranks on localhost (``--standalone``)."""
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from app import progress
+from app.train.stop import STATUS
+from tests.integration.launchers import PYTHON, _clean_env, one_error_line
+from tests.integration.train_runs import CHECKPOINTED, TIMEOUT, same_final_params, synthetic, uninterrupted
+
+pytestmark = pytest.mark.integration
+
+NODE_JOB = Path(__file__).with_name("node_job.py")
+FAULT_JOB = Path(__file__).parents[2] / "cluster" / "faults" / "fault_job.py"
+TWO_RANKS = ["--standalone", "--nproc-per-node", "2"]
+
+
+def node_command(tmp_path: Path, words: list[str], *flags: str) -> list[str]:
+    return [PYTHON, "-m", "app", "node", "--records", str(tmp_path / "gate"), "--device-seconds", "0.2", *flags,
+            "--log-dir", str(tmp_path / "logs"), "--", *words]  # fmt: skip
+
+
+def run_node(tmp_path: Path, words: list[str], *flags: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    cmd = node_command(tmp_path, words, *flags)
+    return subprocess.run(cmd, env=env or _clean_env(), capture_output=True, text=True, timeout=TIMEOUT, check=False)
+
+
+def reports(done: subprocess.CompletedProcess) -> list[dict]:
+    """The ranks' lines of node_job.py, by rank."""
+    found = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return sorted(found, key=lambda r: r["rank"])
+
+
+def without_omp() -> dict[str, str]:
+    """The test environment without OMP_NUM_THREADS: torchrun's agent sets it (1) for a node of 2 ranks."""
+    env = _clean_env()
+    del env["OMP_NUM_THREADS"]
+    return env
+
+
+def test_each_rank_is_a_fork_of_the_preloaded_server_running_its_script_as_python_would(tmp_path: Path) -> None:
+    done = run_node(tmp_path, [*TWO_RANKS, str(NODE_JOB), "a", "b"], env=without_omp())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("gate: "), done.stdout  # the gate ran first (it recorded this node)
+    ranks = reports(done)
+    assert [r["rank"] for r in ranks] == [0, 1], done.stdout
+    for rank in ranks:
+        assert rank["preloaded"], rank  # torch._dynamo was there before the script imported anything
+        assert "multiprocessing.forkserver" in rank["parent"], rank
+        assert rank["argv"] == [str(NODE_JOB), "a", "b"], rank
+        assert rank["title"] == f"python -u {NODE_JOB} a b [rank {rank['rank']}]", rank
+        assert rank["threads"] == 1, rank  # torchrun's OMP_NUM_THREADS=1, although the server read none
+
+
+def test_without_fork_each_rank_is_a_new_interpreter_as_under_torchrun(tmp_path: Path) -> None:
+    """The control: --no-fork starts every rank as torchrun does, with nothing imported before the script."""
+    done = run_node(tmp_path, [*TWO_RANKS, str(NODE_JOB), "a", "b"], "--no-fork")
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = reports(done)
+    assert [r["rank"] for r in ranks] == [0, 1], done.stdout
+    for rank in ranks:
+        assert not rank["preloaded"], rank
+        assert "app node" in rank["parent"] and "forkserver" not in rank["parent"], rank
+        assert rank["title"].endswith(f"-u {NODE_JOB} a b"), rank
+
+
+@pytest.mark.parametrize("status", [0, 5])
+def test_a_rank_that_leaves_with_os_exit_ends_with_that_status(tmp_path: Path, status: int) -> None:
+    """``python -m app`` itself leaves with os._exit: a fork that vanished with status 0 would leave torch's agent
+    waiting forever for its return value."""
+    done = run_node(tmp_path, [*TWO_RANKS, str(NODE_JOB), "--os-exit", str(status)])
+    assert done.returncode == (1 if status else 0), done.stderr[-3000:]
+    if status:
+        assert f"exitcode  : {status}" in done.stderr, done.stderr[-3000:]  # torchrun's report of the rank
+    else:
+        assert [r["rank"] for r in reports(done)] == [0, 1], done.stdout
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted run on hand-started ranks (a FileStore rendezvous): the final parameters to match."""
+    return uninterrupted(tmp_path_factory.mktemp("reference"))
+
+
+def test_a_training_job_under_app_node_ends_bit_for_bit_as_on_other_launchers(tmp_path: Path, reference: Path) -> None:
+    out = tmp_path / "out"
+    done = run_node(tmp_path, [*TWO_RANKS, "-m", "app", "train", *synthetic(out, *CHECKPOINTED)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "done: 16 steps, 2 epochs" in done.stdout, done.stdout
+    same_final_params(reference, out)
+
+
+def test_a_rank_that_crashes_is_restarted_from_the_step_the_other_kept(tmp_path: Path, reference: Path) -> None:
+    out = tmp_path / "out"
+    worker = ["-m", "tests.integration.train_worker", "--crash-at-step", "7", "--crash-rank", "1"]
+    words = [*TWO_RANKS, "--max-restarts", "1", "--monitor-interval", "0.5", *worker, *synthetic(out, *CHECKPOINTED)]
+    done = run_node(tmp_path, [*words, "--resume", "auto"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    snapshot = out / "checkpoints" / "emergency.pt"
+    assert f"train: resumed from step 7 (checkpoint {snapshot}), no steps lost" in done.stdout, done.stdout[-3000:]
+    assert "failed (exitcode: 17) local_rank: 1" in done.stderr, done.stderr[-3000:]  # torch's line (the runner's)
+    same_final_params(reference, out)
+
+
+def test_an_exception_of_a_script_is_reported_as_torchrun_reports_it(tmp_path: Path) -> None:
+    done = run_node(tmp_path, [*TWO_RANKS, str(NODE_JOB), "--raise-on-rank", "1"])
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback (most recent call last):" in done.stderr and "RuntimeError: boom on rank 1" in done.stderr
+    assert "Root Cause (first observed failure):" in done.stderr  # torchrun's report, as torchrun prints it
+    assert "exitcode  : 1" in done.stderr, done.stderr[-3000:]
+    assert "error: " not in done.stderr and "app/cli.py" not in done.stderr, done.stderr[-3000:]
+    assert [r["rank"] for r in reports(done)] == [0], done.stdout  # rank 0 ran to its end
+
+
+def test_sigterm_to_the_node_stops_its_ranks_at_a_step_they_keep(tmp_path: Path, reference: Path) -> None:
+    """docker stop, scancel, a pod deleted: the node's agent stops its ranks, rank 0 keeps the step they reached,
+    the node exits 143 without a line of its own; run again, the job resumes from that step and ends exactly."""
+    out = tmp_path / "out"
+    slow = [str(FAULT_JOB), "--sleep-rank", "0", "--sleep-ms", "300", "--"]  # 0.3 s a step: time to stop it
+    cmd = node_command(tmp_path, [*TWO_RANKS, *slow, *synthetic(out, *CHECKPOINTED, "--resume", "auto")])
+    proc = subprocess.Popen(cmd, env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while (progress.reached(out) or 0) < 3 and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == STATUS, stderr[-3000:]
+    kept = progress.reached(out)
+    snapshot = out / "checkpoints" / "emergency.pt"
+    assert f"train: stopped by SIGTERM after step {kept}; rank 0 kept step {kept} in {snapshot}" in stderr, stderr
+    assert "error: " not in stderr and "Traceback" not in stderr, stderr[-3000:]
+    again = run_node(tmp_path, [*TWO_RANKS, "-m", "app", "train", *synthetic(out, *CHECKPOINTED, "--resume", "auto")])
+    assert f"train: resumed from step {kept} (checkpoint {snapshot}), no steps lost" in again.stdout, again.stdout
+    same_final_params(reference, out)
+
+
+@pytest.mark.parametrize(
+    ("words", "said"),
+    [
+        ([], "no job given: python -m app node -- TORCHRUN_ARGS -m app check (see --help)"),
+        (["--nnodes", "0", "-m", "app", "check"], "torchrun's arguments: min_nodes must be > 0 and <= max_nodes"),
+        (["--nnodes", "two", "-m", "app", "check"], "torchrun's arguments: --nnodes two: "),
+        (["--bogus", "-m", "app", "check"], "torchrun's arguments: unrecognized arguments: --bogus"),
+    ],
+)
+def test_bad_torchrun_arguments_are_one_line_and_exit_2_at_once(tmp_path: Path, words: list[str], said: str) -> None:
+    began = time.monotonic()
+    done = run_node(tmp_path, words)
+    assert done.returncode == 2, done.stderr[-3000:]
+    line = one_error_line(done.stderr)
+    assert line["cause"].startswith(said), line["cause"]
+    assert time.monotonic() - began < 30
+    assert not (tmp_path / "gate").exists()  # refused before the gate recorded anything
+
+
+def test_a_node_the_gate_keeps_out_starts_no_rank_and_exits_3_with_one_line(tmp_path: Path) -> None:
+    first = run_node(tmp_path, [*TWO_RANKS, str(NODE_JOB)])
+    assert first.returncode == 0, first.stderr[-3000:]
+    [record] = (tmp_path / "gate").glob("*.json")
+    body = json.loads(record.read_text())
+    body["devices"][0]["flops"] *= 1000  # a start no CPU reaches: this node is now far below it
+    record.write_text(json.dumps(body))
+    done = run_node(tmp_path, [*TWO_RANKS, str(NODE_JOB)])
+    assert done.returncode == 3, done.stderr[-3000:]
+    line = one_error_line(done.stderr)
+    assert line["cause"].startswith(f"{record.stem} kept out: device check "), line["cause"]
+    assert reports(done) == []  # no rank started

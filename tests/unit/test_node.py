@@ -1,0 +1,92 @@
+"""app node's parts without ranks: torchrun's arguments as its parser reads them, what a rank's exit status is,
+and a fork server that never asks CUDA anything (a GPU started before the fork is unusable in the ranks)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from app.errors import UsageError
+from app.orchestrate import node
+from app.runtime import agent
+
+SPY = """
+import json
+import torch
+
+asked = []
+
+
+def spy(name, real):
+    def called(*args, **kwargs):
+        asked.append(name)
+        return real(*args, **kwargs)
+
+    return called
+
+
+for name in ("is_available", "device_count", "init", "_lazy_init", "current_device", "get_device_properties"):
+    setattr(torch.cuda, name, spy(name, getattr(torch.cuda, name)))
+for name in dir(torch._C):
+    if name.startswith(("_cuda_get", "_cuda_init")):
+        setattr(torch._C, name, spy(name, getattr(torch._C, name)))
+from app.orchestrate.node import PRELOAD
+
+for module in PRELOAD:
+    __import__(module)
+preload = list(asked)
+torch.cuda.is_available()  # the control: a real question is seen
+print(json.dumps({"preload": preload, "control": asked[len(preload):]}))
+"""
+
+
+def test_the_preload_asks_cuda_nothing() -> None:
+    done = subprocess.run([sys.executable, "-c", SPY], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["preload"] == [], seen
+    assert "is_available" in seen["control"], seen
+
+
+def test_torchruns_arguments_are_read_by_torchruns_parser() -> None:
+    args = agent.parse(["--nnodes=1:2", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=s:29500",
+                        "-m", "app", "train", "--epochs", "3"])  # fmt: skip
+    assert (args.nnodes, args.rdzv_endpoint, args.module, args.training_script) == ("1:2", "s:29500", True, "app")
+    assert args.training_script_args == ["train", "--epochs", "3"]
+
+
+def test_standalone_is_c10d_on_a_free_local_port_as_torchrun_makes_it() -> None:
+    args = agent.parse(["--standalone", "--nproc-per-node=2", "job.py"])
+    assert (args.rdzv_backend, args.rdzv_endpoint, args.master_port) == ("c10d", "localhost:0", 29500)
+
+
+@pytest.mark.parametrize(
+    ("words", "said"),
+    [
+        (["--nnodes", "x:y", "job.py"], "torchrun's arguments: --nnodes x:y: "),
+        (["--max-restarts", "many", "job.py"], "torchrun's arguments: argument --max-restarts"),
+        (["--nproc-per-node=2"], "torchrun's arguments: the following arguments are required: training_script"),
+    ],
+)
+def test_bad_torchrun_arguments_are_usage_errors(words: list[str], said: str) -> None:
+    with pytest.raises(UsageError) as error:
+        agent.prepare(agent.parse(words), node.rank_main)
+    assert str(error.value).startswith(said) and str(error.value).endswith("(see 'torchrun --help')"), error.value
+
+
+def test_the_job_of_each_rank_is_torchruns_script_and_its_arguments() -> None:
+    launch = agent.prepare(
+        agent.parse(["--standalone", "--nproc-per-node=2", "-m", "app", "check", "-v"]), node.rank_main
+    )
+    assert launch.entrypoint is node.rank_main and launch.config.start_method == agent.START_METHOD
+    assert launch.args == (agent.Job("app", True, ("check", "-v")),)
+    assert launch.args[0].words() == ["-m", "app", "check", "-v"]
+    own = agent.prepare(agent.parse(["--standalone", "--nproc-per-node=2", "job.py", "a"]), None)
+    assert own.entrypoint == sys.executable and own.args == ("-u", "job.py", "a")  # torchrun's own launch
+
+
+@pytest.mark.parametrize(("code", "status"), [(None, 0), (0, 0), (3, 3), ("a message", 1)])
+def test_a_ranks_exit_status_is_what_sys_exit_gives_a_process(code: object, status: int, capsys) -> None:
+    assert node.exit_status(code) == status
+    assert capsys.readouterr().err == ("a message\n" if isinstance(code, str) else "")
