@@ -7,5 +7,5 @@
 BENCH_FAULTS_ARGS ?=
 
 .PHONY: bench-faults
-bench-faults: image-cpu ## Recovery time, steps lost and training time ratio of the 2x2 cluster with one fault a minute (~7 min).
+bench-faults: image-cpu ## Recovery time, steps lost and training time ratio of the 2x2 cluster with one fault a minute (~9 min; BENCH_FAULTS_ARGS=--pairs 2: ~18 min).
 	$(PY) -m cluster.faults.bench --image $(IMAGE_NAME):cpu $(BENCH_FAULTS_ARGS)

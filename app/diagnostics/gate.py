@@ -34,10 +34,8 @@ Exit status: 0 passed (or recorded), 3 kept out (without --retry-every), 2 bad i
 import argparse
 import json
 import statistics
-import threading
 import time
 from dataclasses import asdict, dataclass, replace
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -48,7 +46,7 @@ from app.diagnostics import doctor, health
 from app.diagnostics.gate_config import GateConfig
 from app.errors import ClusterError, UsageError, first_line
 from app.runtime import launcher
-from app.runtime.distributed import DistConfig
+from app.runtime.distributed import DistConfig, store_client
 from app.runtime.launcher import Launcher, Node, ProcessInfo
 
 TRANSFER_BYTES = 1 << 20
@@ -216,35 +214,21 @@ def checks(cfg: GateConfig, mine: Node, where: Rendezvous | None) -> tuple[str |
 
 def transfer(me: str, host: str, port: int, timeout_s: float) -> tuple[str | None, str]:
     """TRANSFER_BYTES to the rendezvous host and back through its store (torch's TCPStore: the rendezvous'
-    own server), within ``timeout_s``: (why it failed or None, ``1 MiB to host and back in 12 ms``).
-
-    In a thread of its own: torch's TCPStore client waits forever for a server that accepts and never
-    answers (its timeout covers the operations, not the handshake); such a thread is left behind."""
-    size, found = f"{TRANSFER_BYTES >> 20} MiB", {}
-    mover = threading.Thread(target=_move, args=(me, host, port, timeout_s, found), name="gate-transfer", daemon=True)
+    own server), within ``timeout_s``: (why it failed or None, ``1 MiB to host and back in 12 ms``)."""
+    size, key = f"{TRANSFER_BYTES >> 20} MiB", f"ddp-cluster/gate/{me}"
     start = time.perf_counter()
-    mover.start()
-    mover.join(timeout_s)
-    if mover.is_alive():
-        return f"transfer check: {size} to {host}:{port} and back: no answer within {timeout_s:g} s", ""
-    if "error" in found:
-        return f"transfer check: {size} to {host}:{port} and back failed ({found['error']})", ""
-    if found["back"] != TRANSFER_BYTES:
-        return f"transfer check: {size} to {host}:{port} came back as {found['back']} bytes", ""
-    return None, f"{size} to {host} and back in {1000 * (time.perf_counter() - start):.0f} ms"
-
-
-def _move(me: str, host: str, port: int, timeout_s: float, found: dict) -> None:
-    from torch.distributed import TCPStore
-
-    key = f"ddp-cluster/gate/{me}"
     try:
-        store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+        store = store_client(host, port, timeout_s)
         store.set(key, bytes(TRANSFER_BYTES))
-        found["back"] = len(store.get(key))
+        back = len(store.get(key))
         store.delete_key(key)
-    except (RuntimeError, ValueError) as error:  # DistError, DistStoreError, a timeout: RuntimeErrors
-        found["error"] = first_line(error)[:160]
+    except ClusterError as error:
+        return f"transfer check: {size} to {host}:{port} and back: {error}", ""
+    except (RuntimeError, ValueError) as error:  # an operation timed out, the server went away
+        return f"transfer check: {size} to {host}:{port} and back: failed ({first_line(error)[:160]})", ""
+    if back != TRANSFER_BYTES:
+        return f"transfer check: {size} to {host}:{port} came back as {back} bytes", ""
+    return None, f"{size} to {host} and back in {1000 * (time.perf_counter() - start):.0f} ms"
 
 
 @dataclass(frozen=True)

@@ -76,12 +76,13 @@ def run(args: argparse.Namespace) -> int:
     words = args.torchrun[1:] if args.torchrun[:1] == ["--"] else args.torchrun
     if not words:
         raise UsageError("no job given: python -m app node -- TORCHRUN_ARGS -m app check (see --help)")
-    if node.fork:
-        agent.start_forkserver(PRELOAD)  # first: it imports torch while this process does (nothing here has yet)
+    server = agent.start_forkserver(PRELOAD) if node.fork else None  # first: it imports while this process does
     from app.diagnostics import gate  # torch
 
     parsed = agent.parse(words)
-    launch = agent.prepare(parsed, rank_main if node.fork else None)  # (torch here read its threads already)
+    if store := survivors_store(parsed):
+        launcher.export_survivors_store(store)
+    launch = agent.prepare(parsed, rank_main, server)  # (torch here read its threads already)
     host, port, serves = gate.rendezvous_of(parsed)
     gate.admit(gate_cfg, (host, port, serves) if port else None)  # port 0 (--standalone): nothing to reach
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -98,6 +99,14 @@ def run(args: argparse.Namespace) -> int:
     except RendezvousError as error:
         raise ClusterError(rendezvous_failed(error, parsed)) from error
     return 0
+
+
+def survivors_store(parsed: argparse.Namespace) -> str | None:
+    """The c10d rendezvous store, ``host:port``: where the ranks still alive meet when rank 0's store is gone with
+    its node (it outlives every node where it has a host of its own: the compose cluster's rendezvous container).
+    None for a static rendezvous (rank 0's own) or a local one (--standalone)."""
+    host, _, port = (parsed.rdzv_endpoint or "").rpartition(":")
+    return f"{host}:{port}" if parsed.rdzv_backend == "c10d" and host and port.isdigit() and int(port) else None
 
 
 def rendezvous_failed(error: Exception, parsed: argparse.Namespace) -> str:
@@ -123,6 +132,7 @@ def rank_main(job: agent.Job) -> None:
     import torch
     from setproctitle import setproctitle
 
+    launcher.set_environment(dict(job.environment))
     setproctitle(f"python -u {' '.join(job.words())} [rank {launcher.identity().rank}]")
     if threads := launcher.cpu_threads():
         torch.set_num_threads(threads)  # as a new interpreter would read OMP_NUM_THREADS (the server read none)
@@ -136,7 +146,7 @@ def rank_main(job: agent.Job) -> None:
 
 
 class _Exited(BaseException):
-    """``os._exit(status)`` called in a rank's main thread: the rank ends here, as a return from the job."""
+    """``os._exit(0)`` called in a rank's main thread: the rank ends here, as a return from the job."""
 
     def __init__(self, status: int) -> None:
         super().__init__(status)
@@ -151,13 +161,15 @@ def run_job(job: agent.Job) -> int:
     """Run ``job`` in this process as ``python -u`` would: ``-m app`` as app's own entry point, another module or a
     script through runpy; its exit status (an uncaught exception printed as the interpreter prints it: 1).
 
-    ``os._exit`` in the job's main thread (``python -m app``'s own way out, a script skipping its teardown)
-    ends the job by returning its status: a forked rank that vanished with status 0 would leave torch's agent
-    waiting forever for its return value. Elsewhere ``os._exit`` is the real one."""
+    ``os._exit(0)`` in the job's main thread (``python -m app``'s own way out, a script skipping its teardown)
+    ends the job as a return: a forked rank that vanished with status 0 would leave torch's agent waiting
+    forever for its return value. Any other status (a crash) and any other thread: the real ``os._exit``."""
     sys.argv = [job.target, *job.args]
     real_exit = os._exit
     main = threading.current_thread()
-    os._exit = lambda status: _exit_by_returning(status) if threading.current_thread() is main else real_exit(status)
+    os._exit = lambda status: (
+        _exit_by_returning(status) if status == 0 and threading.current_thread() is main else real_exit(status)
+    )
     try:
         if job.module and job.target == "app":
             return cli.main(list(job.args))

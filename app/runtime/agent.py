@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from app.errors import UsageError
+from app.runtime import launcher
 
 START_METHOD = "forkserver"
 """torch's start method of the ranks: forks of one server that imported the preload."""
@@ -35,11 +36,20 @@ TORCHRUN_PORT = 29500
 """torchrun's --master-port when none is given."""
 
 
-def start_forkserver(preload: Iterable[str]) -> None:
+@dataclass(frozen=True)
+class Server:
+    """This process's fork server, started."""
+
+    environment: dict[str, str]
+    """The environment it started with: its forks have it, not what this process set since."""
+
+
+def start_forkserver(preload: Iterable[str]) -> Server:
     """Start this process's fork server now; it imports the modules ``preload`` names (one missing is skipped)
     while this process goes on. Call it before torch is imported here: the two imports then share the cores."""
     multiprocessing.set_forkserver_preload(list(preload))
     multiprocessing.forkserver.ensure_running()
+    return Server(launcher.environment())
 
 
 def _refuse(message: str) -> NoReturn:
@@ -74,6 +84,9 @@ class Job:
     target: str
     module: bool
     args: tuple[str, ...]
+    environment: tuple[tuple[str, str], ...] = ()
+    """What this process set in its environment after its fork server started (torchrun's OMP_NUM_THREADS, the
+    survivors' store): a new process per rank would inherit it; a fork sets it first."""
 
     def words(self) -> list[str]:
         return ["-m", self.target, *self.args] if self.module else [self.target, *self.args]
@@ -89,8 +102,8 @@ class Launch:
     args: tuple
 
 
-def prepare(args: argparse.Namespace, entrypoint: Callable[[Job], None] | None) -> Launch:
-    """The launch of parsed torchrun ``args``: each rank runs ``entrypoint(job)`` in a fork of the server; None
+def prepare(args: argparse.Namespace, entrypoint: Callable[[Job], None] | None, server: Server | None) -> Launch:
+    """The launch of parsed torchrun ``args``: each rank runs ``entrypoint(job)`` in a fork of ``server``; None
     (or ``--no-python``): torchrun's own launch, a new process per rank."""
     from torch.distributed.run import config_from_args
 
@@ -98,11 +111,12 @@ def prepare(args: argparse.Namespace, entrypoint: Callable[[Job], None] | None) 
         config, cmd, cmd_args = config_from_args(args)
     except (AssertionError, ValueError) as error:  # torchrun's checks of its values
         _refuse(str(error) or type(error).__name__)
-    if entrypoint is None or args.no_python:
+    if entrypoint is None or server is None or args.no_python:
         return Launch(config, cmd, tuple(cmd_args))
     config.start_method = START_METHOD
     rest = cmd_args[cmd_args.index(args.training_script) + 1 :]  # after the script: --local-rank when asked
-    return Launch(config, entrypoint, (Job(args.training_script, bool(args.module), tuple(rest)),))
+    since = tuple(sorted(kv for kv in launcher.environment().items() if server.environment.get(kv[0]) != kv[1]))
+    return Launch(config, entrypoint, (Job(args.training_script, bool(args.module), tuple(rest), since),))
 
 
 def launch(run: Launch) -> dict:

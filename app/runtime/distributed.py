@@ -12,6 +12,7 @@ gloo on every rank; the ranks agree on it through the store before any NCCL call
 
 import argparse
 import sys
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -123,6 +124,31 @@ def rendezvous_store(proc: ProcessInfo, timeout: timedelta) -> dist.Store:
             f"is rank 0 running there, and does the network let port {proc.master_port} through? "
             "python -m app doctor checks both"
         ) from None
+
+
+def store_client(host: str, port: int, timeout_s: float) -> dist.Store:
+    """A client of the TCPStore at ``host:port``, connected within ``timeout_s`` (its operations then time out
+    after ``timeout_s`` too); a ClusterError saying why not (``no answer within 3 s``, ``failed (...)``).
+
+    Connected in a thread of its own: torch's client waits forever for a server that accepts and never
+    answers (its timeout covers the operations, not the handshake); such a thread is left behind."""
+    found: list[dist.Store | Exception] = []
+
+    def connect() -> None:
+        try:
+            timeout = timedelta(seconds=timeout_s)
+            found.append(dist.TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False))
+        except (RuntimeError, ValueError) as error:  # DistError, DistStoreError, a timeout: RuntimeErrors
+            found.append(error)
+
+    thread = threading.Thread(target=connect, name=f"store-client-{host}:{port}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not found:
+        raise ClusterError(f"no answer within {timeout_s:g} s")
+    if isinstance(found[0], Exception):
+        raise ClusterError(f"failed ({first_line(found[0])[:160]})")
+    return found[0]
 
 
 def _agent_store(proc: ProcessInfo, timeout: timedelta) -> dist.Store:

@@ -29,6 +29,10 @@ FR_BUFFER_SIZE = "TORCH_FR_BUFFER_SIZE"
 FR_DUMP_FILE = "TORCH_FR_DUMP_TEMP_FILE"
 """Where the flight recorder's dumps go: this prefix + the rank (default: the run's OUT/flight/fr-rank)."""
 
+SURVIVORS_STORE = "DDP_CLUSTER_SURVIVORS_STORE"
+"""``host:port`` of a store that outlives every node of the job (app node sets it to its c10d rendezvous
+store): where the ranks still alive hold their roll call when rank 0's store is gone with its node."""
+
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
 """The threads of a process's CPU operators (torchrun sets 1 for each rank of a node of several)."""
 

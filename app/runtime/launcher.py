@@ -90,6 +90,9 @@ class ProcessInfo:
     """Nodes the environment names apart from the ranks (Slurm's node count, NNODES); 0 when it names none."""
     named_nodes_by: str = field(default="", compare=False)
     """The variable that named them, as ``SLURM_STEP_NUM_NODES=2``."""
+    survivors_store: tuple[str, int] | None = field(default=None, compare=False)
+    """(host, port) of a store that outlives every node of the job (DDP_CLUSTER_SURVIVORS_STORE: app node's
+    rendezvous store); None when the launcher names none."""
 
     def __post_init__(self) -> None:
         names = self.launcher.variables
@@ -205,7 +208,19 @@ def _from_torchrun(env: Mapping[str, str]) -> dict:
         "restart_count": _int(env, envvars.TORCHELASTIC_RESTART_COUNT, 0),
         "torchelastic": envvars.TORCHELASTIC_RUN_ID in env,
         "agent_store": env.get(envvars.TORCHELASTIC_USE_AGENT_STORE) == "True",
+        "survivors_store": _survivors_store(env),
     }
+
+
+def _survivors_store(env: Mapping[str, str]) -> tuple[str, int] | None:
+    """DDP_CLUSTER_SURVIVORS_STORE as (host, port); None when unset."""
+    value = env.get(envvars.SURVIVORS_STORE, "").strip()
+    if not value:
+        return None
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"{envvars.SURVIVORS_STORE}={value!r} must be HOST:PORT (app node sets it): unset it")
+    return host, int(port)
 
 
 def _from_mpi(env: Mapping[str, str], v: RankVariables, launcher: Launcher) -> dict:
@@ -350,6 +365,23 @@ def detect(env: Mapping[str, str] | None = None, *, need_master: bool = True) ->
             f"{info.world_size}) but {unset} set: {hint} or pass --init-method file:///shared/dir/rendezvous"
         )
     return info
+
+
+def environment() -> dict[str, str]:
+    """A copy of this process's environment (app node: what its fork server started with)."""
+    return dict(os.environ)
+
+
+def set_environment(values: Mapping[str, str]) -> None:
+    """Set ``values`` in this process's environment (a forked rank: what its agent set after the fork server
+    started, as a new process would have inherited it)."""
+    os.environ.update(values)
+
+
+def export_survivors_store(endpoint: str) -> None:
+    """Name the survivors' store, ``host:port``, to this process and the ranks it starts
+    (``ProcessInfo.survivors_store``)."""
+    os.environ[envvars.SURVIVORS_STORE] = endpoint
 
 
 def export_socket_ifname(ifname: str) -> None:

@@ -19,7 +19,8 @@ same exchange carries rank 0's time since its last checkpoint, so every rank agr
 Hangs. A collective that times out (--timeout) or loses a peer raises on the ranks that are still
 alive (a DistError, or a RuntimeError from gloo inside DDP's backward: ``collective_failed`` tells).
 Each writes its rank, host and step under a key of the process group's store (rank 0's TCPStore:
-it outlives a broken gloo group), waits up to REPORT_GRACE_S for the others' keys, and fails with
+it outlives a broken gloo group; when it is gone with rank 0's node, the survivors' store that app
+node names, its rendezvous store), waits up to REPORT_GRACE_S for the others' keys, and fails with
 one line (folded here) naming the collective and the ranks, and their hosts, that did not answer:
 
     error: rank 0 on head: rank 3 on worker-b stopped answering: the gradient all-reduce of step 63 failed
@@ -31,6 +32,7 @@ import json
 import re
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from itertools import groupby
@@ -39,8 +41,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from app.errors import first_line
-from app.runtime.distributed import DistContext
+from app.errors import ClusterError, first_line
+from app.runtime.distributed import DistContext, store_client
 from app.train import sync
 from app.train.config import HealthConfig
 
@@ -168,6 +170,8 @@ class Watch:
         """The step of the last exchange: every rank had reached it."""
         self.answers: dict[int, dict] = {}
         """After a failed collective: what each rank that answered the roll call said (``explain``)."""
+        self._where = ""
+        """Where that was, when not rank 0's store (for the line)."""
         self._namer = StragglerNamer()
         self._grad_ready = 0.0
         for param in model.parameters():
@@ -238,7 +242,10 @@ class Watch:
         failed = f"the {what} of step {step} failed ({first_line(error)[:160]})"
         answered = self._roll_call(completed, LOST_PEER_GRACE_S if lost_peer(error) else REPORT_GRACE_S)
         if answered is None:
-            return f"rank 0 on {self.hosts[0]} stopped answering: {failed}, and rank 0's store does not answer either"
+            nor = "" if self.ctx.proc.survivors_store is None else ", nor the survivors' store"
+            return (
+                f"rank 0 on {self.hosts[0]} stopped answering: {failed}, and rank 0's store does not answer either{nor}"
+            )
         silent = [r for r in range(self.world) if r not in answered]
         stopped = [r for r in answered if self.answers[r].get("stopped")]
         if not silent and stopped:
@@ -246,8 +253,8 @@ class Watch:
         if not silent:
             return f"{failed}; every rank still answers: a rank too slow for --timeout, or the network"
         return (
-            f"{self._on_hosts(silent)} stopped answering: {failed}; {len(answered)} of {self.world} ranks answer "
-            f"(all had reached step {self.exchanged_at} at the last exchange)"
+            f"{self._on_hosts(silent)} stopped answering: {failed}; {len(answered)} of {self.world} ranks answer"
+            f"{self._where} (all had reached step {self.exchanged_at} at the last exchange)"
         )
 
     def _on_hosts(self, ranks: list[int]) -> str:
@@ -256,31 +263,58 @@ class Watch:
         return " and ".join(f"{ranks_text([r for r in ranks if self.hosts[r] == host])} on {host}" for host in hosts)
 
     def announce(self, completed: int, stopped: bool = False) -> dict | None:
-        """Say in the store that this rank is alive, at which step and which step it completed, and whether
-        its launcher stopped it (what the roll call reads); what was said, or None when the store is gone."""
+        """Say in the roll call's store that this rank is alive, at which step and which step it completed, and
+        whether its launcher stopped it (what the roll call reads); what was said, or None when no store answers."""
         said = {"host": self.ctx.proc.host, "step": self.doing[1], "completed": completed, "stopped": stopped}
+        return said if any(_say(store, self.rank, said) for store in self._stores()) else None
+
+    def _stores(self) -> Iterator[dist.Store]:
+        """Where a roll call can be held: the process group's store (rank 0's), then, when that is gone with rank 0's
+        node, the survivors' store that the launcher named (app node's rendezvous store), under a prefix of this
+        round (its rank 0's address: the same on every rank of the round, new in each)."""
+        yield dist.distributed_c10d._get_default_store()
+        where = self.ctx.proc.survivors_store
+        if where is None:
+            return
         try:
-            store = dist.distributed_c10d._get_default_store()
-            store.set_timeout(timedelta(seconds=REPORT_GRACE_S))
-            store.set(_ALIVE.format(self.rank), json.dumps(said))
-        except (RuntimeError, ValueError):  # DistError is a RuntimeError: the store's host is gone
-            return None
-        return said
+            store = store_client(*where, REPORT_GRACE_S)
+        except ClusterError:
+            return
+        yield dist.PrefixStore(f"ddp-cluster/round/{self.ctx.proc.master_addr}:{self.ctx.proc.master_port}", store)
 
     def _roll_call(self, completed: int, grace_s: float) -> set[int] | None:
-        """The ranks that say they are alive in the store within ``grace_s``; None when the store is gone."""
-        said = self.announce(completed)
-        if said is None:
+        """The ranks that say they are alive within ``grace_s``, in the first store that holds the whole roll call
+        (``answers``: what each said); None when none does."""
+        said = {"host": self.ctx.proc.host, "step": self.doing[1], "completed": completed, "stopped": False}
+        for fallback, store in enumerate(self._stores()):
+            answers = _say(store, self.rank, said) and _listen(store, self.rank, said, self.world, grace_s)
+            if answers:
+                self.answers, self._where = answers, " in the rendezvous store (rank 0's is gone)" if fallback else ""
+                return set(answers)
+        return None
+
+
+def _say(store: dist.Store, rank: int, said: dict) -> bool:
+    """Write ``said`` under this rank's key of the roll call; False when the store does not take it."""
+    try:
+        store.set_timeout(timedelta(seconds=REPORT_GRACE_S))
+        store.set(_ALIVE.format(rank), json.dumps(said))
+    except (RuntimeError, ValueError):  # DistError is a RuntimeError: the store's host is gone
+        return False
+    return True
+
+
+def _listen(store: dist.Store, rank: int, said: dict, world: int, grace_s: float) -> dict[int, dict] | None:
+    """What every rank said in ``store`` within ``grace_s`` (this rank's ``said`` included); None when the store
+    fails meanwhile."""
+    answers = {rank: said}
+    deadline = time.monotonic() + grace_s
+    while len(answers) < world and time.monotonic() < deadline:
+        try:
+            for r in range(world):
+                if r not in answers and store.check([_ALIVE.format(r)]):
+                    answers[r] = json.loads(store.get(_ALIVE.format(r)))
+        except (RuntimeError, ValueError):
             return None
-        store = dist.distributed_c10d._get_default_store()
-        self.answers = {self.rank: said}
-        deadline = time.monotonic() + grace_s
-        while len(self.answers) < self.world and time.monotonic() < deadline:
-            try:
-                for r in range(self.world):
-                    if r not in self.answers and store.check([_ALIVE.format(r)]):
-                        self.answers[r] = json.loads(store.get(_ALIVE.format(r)))
-            except (RuntimeError, ValueError):
-                return None
-            time.sleep(0.1)
-        return set(self.answers)
+        time.sleep(0.1)
+    return answers

@@ -1,8 +1,9 @@
 """``make bench-faults``: how fast the compose cluster heals. A benchmark (figures), not a test (no assertions).
 
     make bench-faults                                    # IMAGE_NAME=... picks the image, as for cluster-up
-    python -m cluster.faults.bench --image ddp-cluster:cpu --minutes 3 --json build/bench-faults.json
+    python -m cluster.faults.bench --image ddp-cluster:cpu --epochs 300 --json build/bench-faults.json
     make bench-faults BENCH_FAULTS_ARGS='--min-nodes 1'   # elastic: the head trains on alone meanwhile
+    make bench-faults BENCH_FAULTS_ARGS='--pairs 2'       # 2 runs of each, alternately (~18 min)
 
 Runs one training job on the 2 x 2 gloo cluster twice, the same job both times: first undisturbed,
 then with one fault a minute, alternately a training process killed (kill -9 inside the worker
@@ -12,7 +13,10 @@ show what that default bounds. For each fault: the time from the fault to the fi
 the resumed job completes (the fault job's ``--first-steps`` record; container and host share a
 clock), the steps lost (the resume record in metrics.jsonl) and the checkpoint interval in steps.
 Then the effective training time ratio: the undisturbed run's training time over the disturbed
-run's (first start to end in metrics.jsonl). Figures depend on the machine's load: note it.
+run's (first start to end in metrics.jsonl), and the same within the disturbed run alone: its
+training time less its recoveries, over its training time. Figures depend on the machine's load:
+two runs of the same job on a shared 2-core machine differ by up to 15%, as much as the faults
+cost; ``--pairs N`` alternates N undisturbed and N disturbed runs and adds the ratio of their medians.
 """
 
 import argparse
@@ -122,37 +126,29 @@ def recoveries(faults: list[dict], metrics: list[dict], first_steps: list[dict])
     return out
 
 
+UNDISTURBED, FAULTED = "undisturbed", "one fault per minute"
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m cluster.faults.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--image", default=Job.image, help="workload image (default: %(default)s)")
     parser.add_argument("--epochs", type=int, default=600, help="epochs of digits (2-3 minutes undisturbed)")
     parser.add_argument("--fault-every", type=float, default=60.0, metavar="S", help="seconds between faults")
+    parser.add_argument("--pairs", type=int, default=1, help="undisturbed and faulted runs, alternately, N of each")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--min-nodes", type=int, default=2, help="1: the head goes on alone while the worker is out")
     args = parser.parse_args(argv)
-    report: dict = {"load_average_before": os.getloadavg(), "image": args.image, "epochs": args.epochs}
+    if args.pairs < 1:
+        parser.error(f"--pairs {args.pairs} must be >= 1")
+    report: dict = {"load_average_before": os.getloadavg(), "image": args.image, "epochs": args.epochs, "pairs": []}
     with tempfile.TemporaryDirectory(prefix="bench-faults-") as tmp:
-        for name, every in (("undisturbed", 0.0), ("one fault per minute", args.fault_every)):
-            job = FaultRun(f"ddpb-{uuid.uuid4().hex[:8]}", Path(tmp) / name.replace(" ", "-"), args.image)
-            print(f"bench-faults: {name}: {job.project} ...", flush=True)
-            try:
-                done, faults = run_job(job, args.epochs, every, args.min_nodes)
-                if done.returncode != 0:
-                    print(f"error: the {name} run failed\n{explain(done)}", file=sys.stderr)
+        for _ in range(args.pairs):
+            pair = {}
+            for name, every in ((UNDISTURBED, 0.0), (FAULTED, args.fault_every)):
+                pair[name] = measure(name, every, args, Path(tmp))
+                if pair[name] is None:
                     return 1
-                metrics, first_steps = _records(job)
-                report[name] = {
-                    "training_s": round(training_seconds(metrics), 1),
-                    "steps": next(m["step"] for m in reversed(metrics) if m["event"] == "end"),
-                    "faults": recoveries(faults, metrics, first_steps),
-                    "restart_lines": [line for line in done.stdout.splitlines() if line.startswith("cluster: restart")],
-                    "resizes": [(m["from"], m["to"], m["step"]) for m in metrics if m["event"] == "resize"],
-                }
-            finally:
-                subprocess.run(
-                    [sys.executable, "-m", "app", "cluster", "down", "--name", job.project],
-                    capture_output=True, timeout=300, check=False,
-                )  # fmt: skip
+            report["pairs"].append(pair)
     report["load_average_after"] = os.getloadavg()
     print(format_report(report), flush=True)
     if args.json:
@@ -161,31 +157,69 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def measure(name: str, every: float, args: argparse.Namespace, tmp: Path) -> dict | None:
+    """One run of the job on a new compose project, with a fault every ``every`` seconds (0: none): its figures,
+    None when it failed (said on stderr)."""
+    job = FaultRun(f"ddpb-{uuid.uuid4().hex[:8]}", tmp / uuid.uuid4().hex[:8], args.image)
+    print(f"bench-faults: {name}: {job.project} ...", flush=True)
+    try:
+        done, faults = run_job(job, args.epochs, every, args.min_nodes)
+        if done.returncode != 0:
+            print(f"error: the {name} run failed\n{explain(done)}", file=sys.stderr)
+            return None
+        metrics, first_steps = _records(job)
+        return {
+            "training_s": round(training_seconds(metrics), 1),
+            "steps": next(m["step"] for m in reversed(metrics) if m["event"] == "end"),
+            "faults": recoveries(faults, metrics, first_steps),
+            "restart_lines": [line for line in done.stdout.splitlines() if line.startswith("cluster: restart")],
+            "resizes": [(m["from"], m["to"], m["step"]) for m in metrics if m["event"] == "resize"],
+        }
+    finally:
+        subprocess.run(
+            [sys.executable, "-m", "app", "cluster", "down", "--name", job.project],
+            capture_output=True, timeout=300, check=False,
+        )  # fmt: skip
+
+
 def format_report(r: dict) -> str:
-    calm, hit = r["undisturbed"], r["one fault per minute"]
-    faults = hit["faults"]
+    pairs = r["pairs"]
     lines = [
-        f"bench-faults: 2 nodes x 2 ranks (gloo), digits, {r['epochs']} epochs, {calm['steps']} steps; "
-        f"load average before {r['load_average_before'][0]:.1f}, after {r['load_average_after'][0]:.1f}",
+        f"bench-faults: 2 nodes x 2 ranks (gloo), digits, {r['epochs']} epochs, {pairs[0][UNDISTURBED]['steps']} "
+        f"steps; load average before {r['load_average_before'][0]:.1f}, after {r['load_average_after'][0]:.1f}",
     ]
-    for f in faults:
+    for pair in pairs:
+        calm, hit = pair[UNDISTURBED], pair[FAULTED]
+        for f in hit["faults"]:
+            lines.append(
+                f"  {f['kind']:<26} recovery {f['recovery_s']} s  steps lost {f['steps_lost']} "
+                f"(resumed from {f['resumed_from']}; checkpoint interval {f['checkpoint_interval_steps']} steps)"
+            )
+        if hit.get("resizes"):
+            lines.append(f"  resizes (ranks from, to, at step): {hit['resizes']}")
         lines.append(
-            f"  {f['kind']:<26} recovery {f['recovery_s']} s  steps lost {f['steps_lost']} "
-            f"(resumed from {f['resumed_from']}; checkpoint interval {f['checkpoint_interval_steps']} steps)"
+            f"  training time: undisturbed {calm['training_s']:.0f} s, {len(hit['faults'])} fault(s) "
+            f"{hit['training_s']:.0f} s: effective training time ratio {calm['training_s'] / hit['training_s']:.2f}; "
+            f"within the run {within_run(hit):.2f}"
         )
+    faults = [f for pair in pairs for f in pair[FAULTED]["faults"]]
     timed = [f["recovery_s"] for f in faults if f["recovery_s"] is not None]
     lost = [f["steps_lost"] for f in faults if f["steps_lost"] is not None]
     if timed:
         lines.append(f"  median recovery {statistics.median(timed):.1f} s (max {max(timed):.1f} s), "
                      f"median steps lost {statistics.median(lost) if lost else '?'}")  # fmt: skip
-    if hit.get("resizes"):
-        lines.append(f"  resizes (ranks from, to, at step): {hit['resizes']}")
-    ratio = calm["training_s"] / hit["training_s"]
-    lines.append(
-        f"  training time: undisturbed {calm['training_s']:.0f} s, {len(faults)} fault(s) {hit['training_s']:.0f} s: "
-        f"effective training time ratio {ratio:.2f}"
-    )
+    if len(pairs) > 1:
+        calm = statistics.median(p[UNDISTURBED]["training_s"] for p in pairs)
+        hit = statistics.median(p[FAULTED]["training_s"] for p in pairs)
+        lines.append(f"  medians: undisturbed {calm:.0f} s, with faults {hit:.0f} s: ratio {calm / hit:.2f}")
     return "\n".join(lines)
+
+
+def within_run(hit: dict) -> float:
+    """The faulted run's training time less its recoveries (fault to the first step after the resume), over its
+    training time: what the faults cost in that run alone, free of the machine's pace between runs."""
+    lost = sum(f["recovery_s"] or 0.0 for f in hit["faults"])
+    return (hit["training_s"] - lost) / hit["training_s"]
 
 
 if __name__ == "__main__":

@@ -86,10 +86,9 @@ def restart_line(job: FaultRun, stdout: str) -> tuple[str, re.Match]:
     return lines[0], resumed
 
 
-def recovers(job: FaultRun, reference: dict, fault, kept: bool = True) -> str:
-    """Run the job, call ``fault(marker)`` at the fault step; the job must end 0 with the reference's state and,
-    when ``kept`` (rank 0 survives: its process holds the ranks' store), resume from the emergency snapshot
-    of the step it had reached: no step lost. Returns the restart line."""
+def recovers(job: FaultRun, reference: dict, fault) -> str:
+    """Run the job, call ``fault(marker)`` at the fault step; the job must end 0 with the reference's state and
+    resume from the emergency snapshot of the step it had reached: no step lost. Returns the restart line."""
     proc = job.start(HOOKS)
     marker = job.marker(proc)
     assert (marker["step"], marker["rank"]) == (FAULT_STEP, 3)
@@ -97,8 +96,7 @@ def recovers(job: FaultRun, reference: dict, fault, kept: bool = True) -> str:
     done = job.finish(proc)
     assert done.returncode == 0, explain(done)
     line, _ = restart_line(job, done.stdout)
-    if kept:
-        assert "/emergency.pt), no steps lost" in line, line
+    assert "/emergency.pt), no steps lost" in line, line
     assert_same_training(job.final_state(), reference)
     return line
 
@@ -140,9 +138,10 @@ def test_a_paused_worker_is_named_and_after_unpause_the_job_resumes(fault_run, r
 
 
 def test_a_killed_head_is_started_again_and_the_job_ends_as_if_nothing_happened(fault_run, reference):
-    """Rank 0's node is a worker like any other: the rendezvous lives in a store container of its own."""
+    """Rank 0's node is a worker like any other: the rendezvous lives in a store container of its own, where the
+    survivors hold their roll call once rank 0's store is gone with the head, and keep the step."""
     head = fault_run.container("head")
-    line = recovers(fault_run, reference, lambda _: fault_run.docker("kill", head), kept=False)  # its store is gone
+    line = recovers(fault_run, reference, lambda _: fault_run.docker("kill", head))
     assert line.startswith(f"cluster: restart 1: {head} (ranks 0-1) stopped with signal 9 (SIGKILL); "), line
 
 

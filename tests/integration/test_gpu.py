@@ -8,13 +8,14 @@ timeout).
 """
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.integration.launchers import run_single, run_torchrun
+from tests.integration.launchers import PYTHON, _clean_env, run_single, run_torchrun
 from tests.integration.train_runs import assert_params_close, final_params, metrics, summary, synthetic, train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.integration]
@@ -34,6 +35,19 @@ def test_check_with_nccl_on_every_local_gpu(tmp_path) -> None:
     report = json.loads((tmp_path / "c.json").read_text())
     assert report["ok"] and report["backend"] == "nccl" and report["world_size"] == GPUS, report["failures"]
     assert "result: ok" in done.stdout
+
+
+def test_app_node_forks_ranks_that_start_cuda_themselves(tmp_path) -> None:
+    """ddp-node's way on a GPU node: the fork server imported torch and never touched CUDA, so each forked rank
+    starts CUDA on its own GPU and nccl checks pass on every one (the gate measured the GPUs first)."""
+    check = ["-m", "app", "check", "--backend", "nccl", "--json", str(tmp_path / "c.json")]
+    cmd = [PYTHON, "-m", "app", "node", "--records", str(tmp_path / "gate"), "--", "--standalone",
+           f"--nproc-per-node={GPUS}", *check]  # fmt: skip
+    done = subprocess.run(cmd, env=_clean_env(), capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "c.json").read_text())
+    assert report["ok"] and report["backend"] == "nccl" and report["world_size"] == GPUS, report["failures"]
+    assert done.stdout.startswith("gate: ") and "cuda:0" in done.stdout, done.stdout
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])

@@ -1,15 +1,20 @@
 """``python -m app node``: the health gate, then torchrun's agent in the same process with every rank a
 fork of one preloaded server; each test against real ranks on localhost (``--standalone``)."""
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from app import progress
+from app.runtime import network
 from app.train.stop import STATUS
 from tests.integration.launchers import PYTHON, _clean_env, one_error_line
 from tests.integration.train_runs import CHECKPOINTED, TIMEOUT, same_final_params, synthetic, uninterrupted
@@ -105,6 +110,74 @@ def test_a_rank_that_crashes_is_restarted_from_the_step_the_other_kept(tmp_path:
     snapshot = out / "checkpoints" / "emergency.pt"
     assert f"train: resumed from step 7 (checkpoint {snapshot}), no steps lost" in done.stdout, done.stdout[-3000:]
     assert "failed (exitcode: 17) local_rank: 1" in done.stderr, done.stderr[-3000:]  # torch's line (the runner's)
+    same_final_params(reference, out)
+
+
+def this_machines_address() -> str:
+    """This machine's address on its default route (not loopback), for a node that holds rank 0."""
+    name = network.default_route_interface()
+    found = network.interfaces().get(name or "", [])
+    if not found:
+        pytest.skip("this machine has no default route: two nodes need a non-loopback address for rank 0's")
+    return found[0]
+
+
+@contextmanager
+def store_server() -> Iterator[int]:
+    """A TCPStore server in a process of its own, as the compose cluster's rendezvous container: its port."""
+    serve = (
+        "import time, torch.distributed as d; s = d.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False)"
+    )
+    proc = subprocess.Popen([PYTHON, "-c", f"{serve}; print(s.port, flush=True); time.sleep(3600)"],
+                            stdout=subprocess.PIPE, text=True, env=_clean_env())  # fmt: skip
+    try:
+        yield int(proc.stdout.readline())
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_node_of_rank_0_lost_its_survivors_keep_the_step_in_the_rendezvous_store(
+    tmp_path: Path, reference: Path
+) -> None:
+    """The head container killed: rank 0's store (ddp-node's setting: a store per round, in rank 0) goes with its
+    node. Two nodes of one rank each and a c10d store of its own (the compose cluster's rendezvous container):
+    rank 0 stops after step 7, its whole node is killed; rank 1 holds the roll call in the rendezvous store,
+    keeps step 7, and the node started again (as the runner does) resumes from it: no step lost, bit for bit."""
+    out, marker, snapshot = tmp_path / "out", tmp_path / "fault.json", tmp_path / "out" / "checkpoints" / "emergency.pt"
+    hooks = [str(FAULT_JOB), "--marker", str(marker), "--fault-at-step", "7", "--fault-rank", "0", "--stall", "--"]
+    job = [*hooks, *synthetic(out, *CHECKPOINTED, "--resume", "auto")]
+    # As ddp-node runs it (a store per round, in rank 0); gloo on loopback: both nodes are this machine.
+    env = _clean_env({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "GLOO_SOCKET_IFNAME": "lo"})
+    head_address = this_machines_address()  # rank 0's node: an address the other node does not take for itself
+
+    def start(port: int, addr: str, name: str) -> subprocess.Popen:
+        c10d = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                "--rdzv-id=t", "--max-restarts=1", "--monitor-interval=0.5", f"--local-addr={addr}"]  # fmt: skip
+        cmd = node_command(tmp_path / name, [*c10d, *job])  # c10d orders the nodes by address: the head's is first
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # fmt: skip
+
+    with store_server() as port:
+        head, worker = start(port, head_address, "head"), start(port, "worker.invalid", "worker")
+        try:
+            deadline = time.monotonic() + TIMEOUT
+            while not marker.exists() and time.monotonic() < deadline:
+                assert head.poll() is None and worker.poll() is None, worker.communicate()[1][-3000:]
+                time.sleep(0.1)
+            os.killpg(head.pid, signal.SIGKILL)  # the node: its agent, fork server and rank (and rank 0's store)
+            head.wait()
+            head = start(port, head_address, "head-again")
+            said = {name: proc.communicate(timeout=TIMEOUT) for name, proc in (("worker", worker), ("head", head))}
+        finally:
+            for proc in (head, worker):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+    assert (worker.returncode, head.returncode) == (0, 0), said
+    lost = [line for line in said["worker"][1].splitlines() if "rank 0 on " in line and "stopped answering" in line]
+    assert lost and f"; rank 1 kept step 7 in {snapshot} [exit 1;" in lost[0], said["worker"][1][-3000:]
+    assert "1 of 2 ranks answer in the rendezvous store (rank 0's is gone)" in lost[0], lost[0]
+    assert f"train: resumed from step 7 (checkpoint {snapshot}), no steps lost" in said["head"][0], said["head"]
     same_final_params(reference, out)
 
 

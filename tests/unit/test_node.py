@@ -4,12 +4,13 @@ and a fork server that never asks CUDA anything (a GPU started before the fork i
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from app.errors import UsageError
 from app.orchestrate import node
-from app.runtime import agent
+from app.runtime import agent, launcher
 
 SPY = """
 import json
@@ -71,19 +72,32 @@ def test_standalone_is_c10d_on_a_free_local_port_as_torchrun_makes_it() -> None:
 )
 def test_bad_torchrun_arguments_are_usage_errors(words: list[str], said: str) -> None:
     with pytest.raises(UsageError) as error:
-        agent.prepare(agent.parse(words), node.rank_main)
+        agent.prepare(agent.parse(words), node.rank_main, agent.Server({}))
     assert str(error.value).startswith(said) and str(error.value).endswith("(see 'torchrun --help')"), error.value
 
 
-def test_the_job_of_each_rank_is_torchruns_script_and_its_arguments() -> None:
-    launch = agent.prepare(
-        agent.parse(["--standalone", "--nproc-per-node=2", "-m", "app", "check", "-v"]), node.rank_main
-    )
+def test_the_job_of_each_rank_is_torchruns_script_its_arguments_and_what_the_agent_set_since(monkeypatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    server = agent.Server(launcher.environment())  # the fork server starts with this environment
+    monkeypatch.setenv("DDP_CLUSTER_SURVIVORS_STORE", "store:29500")  # set by the agent after it started
+    words = ["--standalone", "--nproc-per-node=2", "-m", "app", "check", "-v"]
+    launch = agent.prepare(agent.parse(words), node.rank_main, server)
     assert launch.entrypoint is node.rank_main and launch.config.start_method == agent.START_METHOD
-    assert launch.args == (agent.Job("app", True, ("check", "-v")),)
-    assert launch.args[0].words() == ["-m", "app", "check", "-v"]
-    own = agent.prepare(agent.parse(["--standalone", "--nproc-per-node=2", "job.py", "a"]), None)
+    [job] = launch.args
+    assert (job.target, job.module, job.args) == ("app", True, ("check", "-v"))
+    assert job.words() == ["-m", "app", "check", "-v"]
+    assert job.environment == (("DDP_CLUSTER_SURVIVORS_STORE", "store:29500"),)  # a fork would miss it otherwise
+    own = agent.prepare(agent.parse(["--standalone", "--nproc-per-node=2", "job.py", "a"]), node.rank_main, None)
     assert own.entrypoint == sys.executable and own.args == ("-u", "job.py", "a")  # torchrun's own launch
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "backend", "store"),
+    [("ddp-cluster-rendezvous-1:29500", "c10d", "ddp-cluster-rendezvous-1:29500"), ("localhost:0", "c10d", None),
+     ("", "static", None), ("node0:29400", "static", None)],
+)  # fmt: skip
+def test_the_survivors_store_is_a_c10d_rendezvous_store(endpoint: str, backend: str, store: str | None) -> None:
+    assert node.survivors_store(SimpleNamespace(rdzv_endpoint=endpoint, rdzv_backend=backend)) == store
 
 
 @pytest.mark.parametrize(("code", "status"), [(None, 0), (0, 0), (3, 3), ("a message", 1)])

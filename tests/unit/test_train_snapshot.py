@@ -1,7 +1,9 @@
-"""Emergency snapshots (app/train/snapshot.py): written only on agreement, read only when newer and whole."""
+"""Emergency snapshots (app/train/snapshot.py): the newest completed step kept, read only when newer and whole."""
 
 from pathlib import Path
 from types import SimpleNamespace
+
+import torch
 
 from app.train import checkpoint, snapshot
 
@@ -13,10 +15,26 @@ def _trainer(tmp_path: Path, answers: dict, step: int, rank: int = 0) -> SimpleN
     return SimpleNamespace(watch=SimpleNamespace(answers=answers), pos=SimpleNamespace(step=step), rank=rank)
 
 
-def test_survivors_that_disagree_write_nothing_and_say_so(tmp_path: Path) -> None:
-    trainer = _trainer(tmp_path, {0: {"completed": 24}, 2: {"completed": 25}}, step=24)
-    assert snapshot.write(trainer) == "; no emergency snapshot: the ranks that answered had completed steps [24, 25]"
-    assert snapshot.write(_trainer(tmp_path, {0: {"completed": 24}}, step=24, rank=2)) == ""  # rank 0 writes
+def test_of_survivors_a_step_apart_the_lowest_rank_that_completed_the_newest_keeps_it(tmp_path: Path) -> None:
+    """A peer lost inside a ring all-reduce: rank 2 got the whole sum (step 25 done), rank 0 did not (24)."""
+    answers = {0: {"completed": 24}, 2: {"completed": 25}, 3: {"completed": 25}}
+    assert snapshot.write(_trainer(tmp_path, answers, step=24, rank=0)) == ""  # the older step is not kept
+    assert snapshot.write(_trainer(tmp_path, answers, step=25, rank=3)) == ""  # rank 2 keeps it
+    writer = _trainer(tmp_path, answers, step=25, rank=2)
+    writer.comm = SimpleNamespace(powersgd=None, name="none")
+    writer.ctx = SimpleNamespace(device=torch.device("cpu"))
+    writer.cfg = SimpleNamespace(output=SimpleNamespace(out=tmp_path))
+    writer.world = 4
+    writer._state = lambda rng, comm: {**IDENTITY, "step": 25, "rng": rng, "comm_hook": comm}
+    target = snapshot.path_of(tmp_path)
+    assert snapshot.write(writer) == f"; rank 2 kept step 25 in {target}"
+    kept = torch.load(target, weights_only=True)
+    assert kept["step"] == 25 and kept["snapshot"] == {"agreed_by": [2, 3], "world_size": 4}
+
+
+def test_with_no_answers_nothing_is_written(tmp_path: Path) -> None:
+    assert snapshot.write(_trainer(tmp_path, {}, step=24)) == ""
+    assert not snapshot.path_of(tmp_path).exists()
 
 
 def test_a_torn_snapshot_is_set_aside_with_one_line(tmp_path: Path, capsys) -> None:
