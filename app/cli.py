@@ -155,7 +155,12 @@ def release_process_groups() -> None:
 
     gloo's worker threads live as long as their process group object; left to the interpreter's
     shutdown, one of them may release a tensor after Python stopped handing out the GIL, and the
-    process aborts ("terminate called without an active exception", torch 2.13). Collected here,
-    the group's destructor joins them while Python is alive.
+    process aborts ("terminate called without an active exception", torch 2.13). Freed here, the
+    group's destructor joins them while Python is alive, with the GIL released
+    (``app.runtime.distributed.release_groups``; a command that joined no group imports no torch).
     """
-    gc.collect()
+    groups = sys.modules.get("app.runtime.distributed")
+    if groups is None:
+        gc.collect()
+    else:
+        groups.release_groups()

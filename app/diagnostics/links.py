@@ -72,7 +72,7 @@ from app.diagnostics.collectives import format_size, size_parser, synchronize
 from app.diagnostics.outliers import DEFAULT_K
 from app.errors import ClusterError, UsageError, first_line
 from app.flags import flag
-from app.runtime.distributed import DistContext, add_command_arguments, command_process, process_group
+from app.runtime.distributed import DistContext, add_command_arguments, command_process, process_group, subgroup
 
 SCHEMA = "ddp-cluster/links/1"
 LATENCY_BYTES = 8
@@ -249,7 +249,7 @@ def measure_links(ctx: DistContext, cfg: LinksConfig, nodes: list[int], rounds) 
     The whole schedule runs --iters times, one transfer per link each time, so a link's samples
     are spread over the run and a burst of other traffic cannot spoil all of them.
     """
-    group = dist.new_group(ranks=nodes)  # every rank must call it, also those not in the group
+    group = subgroup(nodes)  # every rank must call it, also those not in the group
     if ctx.proc.rank not in nodes:
         return {}
     me = nodes.index(ctx.proc.rank)

@@ -11,6 +11,7 @@ gloo on every rank; the ranks agree on it through the store before any NCCL call
 """
 
 import argparse
+import gc
 import sys
 import threading
 from collections.abc import Iterable, Iterator
@@ -219,6 +220,7 @@ def process_group(proc: ProcessInfo, cfg: DistConfig) -> Iterator[DistContext]:
         torch.cuda.set_device(device)
     try:
         _init(proc, cfg, choice.backend, device, store)
+        _HELD.append(dist.group.WORLD)
         ctx = DistContext(proc=proc, backend=choice.backend, device=device)
         yield ctx
         if not ctx.broken:
@@ -241,7 +243,7 @@ def first_ranks(ctx: DistContext, sizes: Iterable[int]) -> dict[int, DistContext
         if size >= proc.world_size:
             found[size] = ctx
             continue
-        group = dist.new_group(ranks=list(range(size)))
+        group = subgroup(list(range(size)))
         if proc.rank >= size:
             found[size] = None
             continue
@@ -249,6 +251,31 @@ def first_ranks(ctx: DistContext, sizes: Iterable[int]) -> dict[int, DistContext
         sub = replace(proc, world_size=size, local_world_size=on_node, named_nodes=0, named_nodes_by="")
         found[size] = DistContext(proc=sub, backend=ctx.backend, device=ctx.device, group=group)
     return found
+
+
+def subgroup(ranks: list[int]) -> Any:
+    """``dist.new_group(ranks)`` (every rank of the job calls it), held until ``release_groups``."""
+    group = dist.new_group(ranks=ranks)
+    _HELD.append(group)
+    return group
+
+
+_HELD: list = []
+"""Every process group this process joined, held until ``release_groups`` (see there)."""
+
+
+def release_groups() -> None:
+    """Free this process's process groups now, gloo's worker threads joined with the GIL released.
+
+    A DDP model holds its process group, and the trainer's model is freed by the garbage collector,
+    which holds the GIL. Left the group's last owner, the model's reducer joins gloo's worker threads
+    holding the GIL while one of them waits for the GIL to release a tensor it exchanged: the rank
+    never ends (seen under ``app node`` after a restart: 1 rank of 4 stuck after its job was done,
+    its job held 5 minutes by torchrun's exit barrier). Held here until the models are collected,
+    each group's last owner is this list, and torch's binding frees a group with the GIL released.
+    """
+    gc.collect()
+    _HELD.clear()
 
 
 def _leave_together(ctx: DistContext) -> None:

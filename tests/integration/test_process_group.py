@@ -51,3 +51,33 @@ def test_a_peer_that_never_finishes_is_an_error_after_the_timeout(tmp_path) -> N
     procs[1].communicate()
     assert rc0 == 1
     assert "finished, but not every other rank reached the end" in out0
+
+
+# Whether the process still owns the group once its DDP model is collected, then after the release.
+HELD = """
+import gc, sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from app import cli
+from app.runtime import distributed
+from app.runtime.launcher import detect
+with distributed.process_group(detect(need_master=False), distributed.DistConfig(init_method=sys.argv[1])):
+    group = dist.group.WORLD
+    model = DDP(torch.nn.Linear(4, 4))
+del model
+gc.collect()
+owned = any(held is group for held in distributed._HELD)
+del group
+cli.release_process_groups()
+print(owned, len(distributed._HELD))
+"""
+
+
+def test_the_group_outlives_its_ddp_model_until_the_command_releases_it(tmp_path) -> None:
+    """A DDP model freed by the garbage collector (holding the GIL) must not be its group's last owner: its reducer
+    would join gloo's threads holding the GIL, and a thread that needs the GIL to finish hangs the rank at its exit
+    (1 rank of 4 under app node, seen twice in one container suite). The group goes when the command releases it,
+    through torch's binding, which lets go of the GIL first."""
+    env = _clean_env({"RANK": "0", "WORLD_SIZE": "1"})
+    done = subprocess.run([PYTHON, "-c", HELD, f"file://{tmp_path / 'rdzv'}"], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)  # fmt: skip
+    assert (done.returncode, done.stdout.split()) == (0, ["True", "0"]), done.stderr[-3000:]
