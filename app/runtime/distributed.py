@@ -253,15 +253,15 @@ def first_ranks(ctx: DistContext, sizes: Iterable[int]) -> dict[int, DistContext
     return found
 
 
+_HELD: list = []
+"""Every process group this process joined, held until ``release_groups`` (see there)."""
+
+
 def subgroup(ranks: list[int]) -> Any:
     """``dist.new_group(ranks)`` (every rank of the job calls it), held until ``release_groups``."""
     group = dist.new_group(ranks=ranks)
     _HELD.append(group)
     return group
-
-
-_HELD: list = []
-"""Every process group this process joined, held until ``release_groups`` (see there)."""
 
 
 def release_groups() -> None:
