@@ -1,7 +1,7 @@
 """Test worker: ``app comm`` / ``app links`` with faults that only a test may inject.
 
     python -m tests.integration.measure_worker [--corrupt-rank R] [--ranks-per-host N]
-        [--slow-sender R --delay S] <app command and flags>
+        [--slow-sender R --delay S] [--slow-device R] [--one-core] <app command and flags>
 
 --corrupt-rank R: rank R's fill function (app.diagnostics.collectives.rank_data) returns one wrong element,
     so the sweep must count it (#wrong > 0) and fail.
@@ -11,10 +11,15 @@
     outgoing links are slow and the verdict must name it.
 --slow-device R: rank R's device-health measurement (``app check``) does each matrix product
     and copy three times while counting it once, so its device reads at a third of its speed.
+--one-core: every rank runs on the same core (the lowest this process may use), so the ranks share it
+    evenly and their device figures differ by what the test injects, not by how the scheduler spread three
+    ranks over two cores or what else the machine runs (two fast ranks a factor apart widen the rule's
+    spread until a rank at a third of their speed is no longer below it).
 """
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 
@@ -77,7 +82,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--slow-sender", type=int)
     parser.add_argument("--delay", type=float, default=0.05)
     parser.add_argument("--slow-device", type=int)
+    parser.add_argument("--one-core", action="store_true")
     args, rest = parser.parse_known_args(argv)
+    if args.one_core:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     rank = launcher.detect(need_master=False).rank
     if args.corrupt_rank is not None:
         _corrupt(args.corrupt_rank)
