@@ -82,12 +82,19 @@ lint: venv host-deps ## Lint: ruff (check + format), yamllint, ansible-lint (pro
 test-unit: venv ## Unit tests only (seconds).
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
+# Tests whose verdict rests on this machine's measurement noise (marker noise) run apart: make test-noise.
+TEST_SELECTION = -m 'not noise'
+
+.PHONY: test-noise
+test-noise: venv engine ## Tests that judge verdicts on real measurement noise (marked noise; not in make test).
+	$(PY) -m pytest -m noise $(PYTEST_ARGS)
+
 .PHONY: test
-test: venv host-deps lint $(TEST_PREREQS) ## Lint, then all tests: unit, real processes, containers, Ansible (sets up what it needs).
+test: venv host-deps lint $(TEST_PREREQS) ## Lint, then every test but the noise ones: unit, real processes, containers, Ansible (sets up what it needs).
 	@mkdir -p build/logs; log=build/logs/test-background.log; : >$$log; \
 	$(if $(TEST_BACKGROUND),$(MAKE) --no-print-directory $(TEST_BACKGROUND) >$$log 2>&1 &,true &) background=$$!; \
-	echo "$(PY) -m pytest --durations=40 $(PYTEST_ARGS)  (beside it: make $(TEST_BACKGROUND), log $$log)"; \
-	$(PY) -m pytest --durations=40 $(PYTEST_ARGS); status=$$?; \
+	echo "$(PY) -m pytest --durations=40 $(TEST_SELECTION) $(PYTEST_ARGS)  (beside it: make $(TEST_BACKGROUND), log $$log)"; \
+	$(PY) -m pytest --durations=40 $(TEST_SELECTION) $(PYTEST_ARGS); status=$$?; \
 	wait $$background || { echo "error: make $(TEST_BACKGROUND) failed: see $$log" >&2; exit 1; }; \
 	[ $$status -eq 0 ] || exit $$status; \
 	for target in $(EXTRA_TESTS); do $(MAKE) --no-print-directory $$target || exit 1; done
