@@ -41,7 +41,7 @@ cluster-scale: cluster-spec image-$(IMAGE_TAG) ## Scaling report over the mini-c
 
 $(TV_VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(TV_VENV)
-	$(TV_VENV)/bin/python -m pip install --quiet --no-compile $(TV_SPEC)
+	$(TV_VENV)/bin/python -m pip install --quiet $(TV_SPEC)
 	$(TV_VENV)/bin/python -m pip install --quiet -e '.[vision,test]'
 	touch $@
 
