@@ -82,7 +82,6 @@ lint: venv host-deps ## Lint: ruff (check + format), yamllint, ansible-lint (pro
 test-unit: venv ## Unit tests only (seconds).
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-# Tests whose verdict rests on this machine's measurement noise (marker noise) run apart: make test-noise.
 TEST_SELECTION = -m 'not noise'
 
 .PHONY: test-noise
