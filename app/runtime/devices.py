@@ -8,6 +8,7 @@ inject other facts by giving the rules a NodeDevices of their own, or, in a work
 own, by replacing torch.cuda.is_available and torch.cuda.device_count.
 """
 
+import ctypes
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,14 +43,16 @@ def _cuda_version(number: int) -> str:
 
 
 def _driver_cuda() -> str | None:
-    getter = getattr(torch._C, "_cuda_getDriverVersion", None)
-    if getter is None:
-        return None
+    """The newest CUDA version the driver supports: cuDriverGetVersion of the driver's own library (libcuda),
+    which needs no CUDA context (torch has no public call for it)."""
     try:
-        number = int(getter())
-    except RuntimeError:  # no driver loaded
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:  # no driver installed
         return None
-    return _cuda_version(number) if number > 0 else None
+    number = ctypes.c_int(0)
+    if libcuda.cuDriverGetVersion(ctypes.byref(number)) != 0:
+        return None
+    return _cuda_version(number.value) if number.value > 0 else None
 
 
 def _nccl() -> str | None:

@@ -37,6 +37,14 @@ def test_check_with_nccl_on_every_local_gpu(tmp_path) -> None:
     assert "result: ok" in done.stdout
 
 
+def test_the_doctor_reads_the_real_drivers_cuda_version_and_nccl(tmp_path) -> None:
+    done = run_single(["doctor", "--json", str(tmp_path / "d.json")])
+    assert done.returncode == 0, done.stderr[-3000:]
+    checks = {c["check"]: c for c in json.loads((tmp_path / "d.json").read_text())["checks"]}
+    assert checks["cuda"]["status"] == "ok" and "driver supports CUDA" in checks["cuda"]["detail"], checks["cuda"]
+    assert checks["nccl"]["status"] == "ok" and checks["gpus"]["status"] == "ok", checks
+
+
 def test_app_node_forks_ranks_that_start_cuda_themselves(tmp_path) -> None:
     """ddp-node's way on a GPU node: the fork server imported torch and never touched CUDA, so each forked rank
     starts CUDA on its own GPU and nccl checks pass on every one (the gate measured the GPUs first)."""
