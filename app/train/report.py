@@ -181,9 +181,14 @@ def format_mfu(r: dict) -> str:
     if "mfu" not in r:
         return ""
     return (
-        f"  {r['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU {100 * r['mfu']:.1f}% of {r['peak_tflops']:.0f} "
-        f"({r['peak_source']})"
+        f"  {_figure(r['tflops_per_gpu'])} TFLOP/s per GPU, MFU {_figure(100 * r['mfu'])}% of "
+        f"{r['peak_tflops']:.0f} ({r['peak_source']})"
     )
+
+
+def _figure(value: float) -> str:
+    """One decimal, or two significant digits below 1 (the seed's MLP makes 0.047 TFLOP/s on an H200, not 0.0)."""
+    return f"{value:.1f}" if value >= 1 else f"{value:.2g}"
 
 
 def format_summary(s: dict) -> str:

@@ -61,3 +61,9 @@ def test_mfu_is_achieved_over_peak_and_shown_only_when_measured() -> None:
     }  # fmt: skip
     assert format_mfu(epoch) == "" and "MFU" not in format_epoch(epoch)  # CPU: no GPU peak, no MFU
     assert format_epoch({**epoch, **record}).endswith("300.0 TFLOP/s per GPU, MFU 30.0% of 1000 (data sheet (H100))")
+
+
+def test_a_small_models_figures_keep_two_significant_digits() -> None:
+    # The seed's MLP on an H200 (measured): 39,100 samples/s of 1.2 MFLOP each, against 989 TFLOP/s.
+    record = flops.describe(flops.achieved(1.2e6, 39_100, 1.0), flops.Peak(989.4, "data sheet (H200)"))
+    assert format_mfu(record) == "  0.047 TFLOP/s per GPU, MFU 0.0047% of 989 (data sheet (H200))"
