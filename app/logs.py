@@ -104,16 +104,17 @@ class RunLog:
         self._faulthandler = False
 
     def _open(self, path: Path) -> Path:
-        """Open ``path`` for appending (creating its folder), or a new temp folder's file if that fails."""
+        """Open ``path`` for appending and reading back (child_error), creating its folder, or a new temp
+        folder's file if that fails."""
         self._made = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = path.open("a", buffering=1, encoding="utf-8", errors="backslashreplace")
+            self._file = path.open("a+", buffering=1, encoding="utf-8", errors="backslashreplace")
             return path
         except OSError:  # a read-only or foreign folder: the error line names where the log went instead
             path = Path(tempfile.mkdtemp(prefix="ddp-cluster-logs-")) / path.name
             self._made = [path.parent]
-            self._file = path.open("a", buffering=1, encoding="utf-8", errors="backslashreplace")
+            self._file = path.open("a+", buffering=1, encoding="utf-8", errors="backslashreplace")
             return path
 
     def __enter__(self) -> "RunLog":
@@ -185,9 +186,10 @@ class RunLog:
     def child_error(self) -> str | None:
         """The first one-line error that a child process (a rank this command started) wrote into this log."""
         self._file.flush()
-        with self.path.open(encoding="utf-8", errors="replace") as text:
-            text.seek(self._start)
-            return next((line.rstrip("\n") for line in text if line.startswith("error: ")), None)
+        fd = self._file.fileno()  # this run's own file, also when another run of the command unlinked its path
+        grown = os.fstat(fd).st_size - self._start
+        text = os.pread(fd, max(grown, 0), self._start).decode("utf-8", errors="replace")
+        return next((line for line in text.splitlines() if line.startswith("error: ")), None)
 
     def line(self, message: str, status: int, details: bool) -> str:
         """``error: rank R on HOST: MESSAGE [exit S; log PATH]`` (rank: under a launcher; log: when it has details)."""

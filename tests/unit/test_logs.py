@@ -43,6 +43,17 @@ def test_a_childs_error_line_in_the_log_is_found(tmp_path) -> None:
         assert log.child_error() == "error: rank 1 on h: --backend nccl needs a GPU [exit 2]"
 
 
+def test_a_childs_error_line_is_found_after_another_run_removed_the_shared_file(tmp_path) -> None:
+    """Two runs of one command in one folder share logs/bench.log; the one that logged nothing removes it on
+    exit. The other still reads its children's line from its own descriptor (seen under pytest-xdist)."""
+    with logs.RunLog("bench", tmp_path) as log:
+        with logs.RunLog("bench", tmp_path):
+            pass
+        assert not log.path.exists()
+        os.write(2, b"error: rank 0 on h: interface nosuchif0 not found [exit 1]\n")
+        assert log.child_error() == "error: rank 0 on h: interface nosuchif0 not found [exit 1]"
+
+
 def test_default_folder_is_the_runs_output_else_logs() -> None:
     class Args:
         log_dir = None
