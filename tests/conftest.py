@@ -5,13 +5,14 @@ is gone before the next test and the processes it starts).
 - A test marked ``gpu`` needs CUDA: it is skipped where no GPU is visible (one rule, one reason),
   and runs everywhere else (``make test-gpu`` runs only these; ``make test`` runs them too).
 - Every other test asserts CPU/gloo behaviour, so it sees no GPU: ``CUDA_VISIBLE_DEVICES`` is empty
-  in its environment (every subprocess it starts inherits that) and, in this process, torch reports
-  no CUDA device. On a GPU workstation such a test then behaves as on a CPU machine instead of
-  picking nccl, or two ranks on one GPU.
+  in its environment (every subprocess it starts inherits that, module-scoped fixtures' too) and, in
+  this process, torch reports no CUDA device. On a GPU workstation such a test then behaves as on a
+  CPU machine instead of picking nccl, or two ranks on one GPU.
 """
 
 import functools
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -34,12 +35,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _gpus_hidden_from_the_session() -> Iterator[str | None]:
+    """``CUDA_VISIBLE_DEVICES`` empty for the whole session, so that the processes which module-scoped fixtures
+    start (they run before any test's own fixtures) see no GPU either; yields the value it replaced."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    yield visible
+    if visible is None:
+        del os.environ["CUDA_VISIBLE_DEVICES"]
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible
+
+
 @pytest.fixture(autouse=True)
-def _cpu_unless_marked_gpu(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Hide the GPUs from a test that is not marked ``gpu`` (subprocesses and this process alike)."""
+def _cpu_unless_marked_gpu(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, _gpus_hidden_from_the_session: str | None
+) -> None:
+    """A ``gpu`` test gets the GPUs back; any other test sees none, in this process too."""
     if request.node.get_closest_marker("gpu"):
+        if _gpus_hidden_from_the_session is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", _gpus_hidden_from_the_session)
         return
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     if gpus_here():  # torch already initialised CUDA here: the variable no longer reaches it
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)

@@ -19,6 +19,9 @@ import pytest
 PYTHON = sys.executable
 TORCHRUN = str(Path(PYTHON).parent / "torchrun")
 DEFAULT_TIMEOUT = 240
+MPIRUN_LOCAL = ("--mca", "plm", "isolated")
+"""OpenMPI starts the ranks on this machine itself: its default (rsh) wants ssh on PATH even for local ranks,
+and a GPU workstation may have OpenMPI without ssh ("plm_rsh_agent ... could not be found")."""
 ERROR_LINE = re.compile(  # app/logs.py's one line: error: [rank R on HOST: ]CAUSE [exit S[; log PATH]]
     r"^error: (rank (?P<rank>\d+) on (?P<host>\S+): )?(?P<cause>.+) \[exit (?P<status>\d+)(; log (?P<log>\S+))?\]$"
 )
@@ -83,6 +86,7 @@ def run_mpirun(
         mpirun_or_skip(),
         "--allow-run-as-root",
         "--oversubscribe",
+        *MPIRUN_LOCAL,
         "-np",
         str(nproc),
         PYTHON,

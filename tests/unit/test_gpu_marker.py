@@ -40,3 +40,13 @@ def test_a_test_without_the_marker_sees_no_gpu_here_or_in_its_subprocesses() -> 
     assert torch.cuda.device_count() == 0
     child = "import torch; print(torch.cuda.device_count())"
     assert subprocess.run([sys.executable, "-c", child], capture_output=True, text=True).stdout.strip() == "0"
+
+
+@pytest.fixture(scope="module")
+def visible_to_a_module_fixture() -> str | None:
+    """What a module-scoped fixture sees: it runs before any test's own fixtures (test_comm_hooks trains in one)."""
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_a_module_scoped_fixture_sees_no_gpu_either(visible_to_a_module_fixture: str | None) -> None:
+    assert visible_to_a_module_fixture == ""
