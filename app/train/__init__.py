@@ -9,7 +9,7 @@
 
 Datasets: digits (scikit-learn's 8x8 handwritten digits, shipped with the package: no network),
 mnist and cifar10 (torchvision, files in --data-dir; --download fetches them), synthetic (any
---input-shape). Models: mlp (the seed's Linear 784-256-10), cnn (BatchNorm), resnet18 (torchvision).
+--input-shape). Models: mlp (the seed's Linear 784-256-10), cnn (BatchNorm), resnet18 and resnet50 (torchvision).
 
 Rank 0 writes OUT/checkpoints/step-N.pt (atomically; every epoch, every --checkpoint-every steps,
 every --checkpoint-every-seconds and at the end), OUT/progress (the last step reached: a resumed
