@@ -90,6 +90,7 @@ def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], N
     prepare: called with the Trainer before training starts, e.g. to register a DDP comm hook or
     append to ``trainer.step_hooks``.
     """
+    models.require(cfg.model.model)  # torchvision missing: one line now, before the data is made
     proc = this_process(dist_cfg)
     doctor.preflight(proc, dist_cfg)  # a bad rendezvous: one line now, not a hang later
     dumps = record_collectives(cfg.output.out / "flight")  # torch's flight recorder, before the group

@@ -42,8 +42,11 @@ CONV = ("cnn", *TORCHVISION)
 """The models whose images go channels_last on CUDA."""
 
 
-def torchvision_model(name: str, num_classes: int = 10) -> nn.Module:
-    """torchvision's ``name`` (resnet18, resnet50), randomly initialised (no weights are downloaded)."""
+def require(name: str):
+    """torchvision's model module when ``name`` is one of its models (None for the others); a one-line
+    UsageError when torchvision does not import. app train asks first, before any data is made."""
+    if name not in TORCHVISION:
+        return None
     try:
         from torchvision import models as tv_models
     except ImportError as error:
@@ -51,7 +54,12 @@ def torchvision_model(name: str, num_classes: int = 10) -> nn.Module:
             f"--model {name} needs torchvision, which does not import here ({error}): "
             "install the torchvision that matches torch, or use --model mlp or cnn"
         ) from None
-    return getattr(tv_models, name)(weights=None, num_classes=num_classes)
+    return tv_models
+
+
+def torchvision_model(name: str, num_classes: int = 10) -> nn.Module:
+    """torchvision's ``name`` (resnet18, resnet50), randomly initialised (no weights are downloaded)."""
+    return getattr(require(name), name)(weights=None, num_classes=num_classes)
 
 
 def input_shape(model: str, data_shape: tuple[int, int, int]) -> tuple[int, int, int]:

@@ -4,6 +4,7 @@ import importlib.util
 
 import pytest
 
+from app.train import data
 from tests.unit.cli_errors import usage_error as _fails
 
 HAS_TORCHVISION = importlib.util.find_spec("torchvision") is not None
@@ -43,6 +44,14 @@ def test_bad_flag_is_one_line(capsys, tmp_path, args: list[str], message: str) -
     "args", [["--model", "resnet18"], ["--model", "resnet50"], ["--dataset", "mnist", "--data-dir", "."]]
 )
 def test_torchvision_missing_is_one_line(capsys, tmp_path, args: list[str]) -> None:
+    assert "needs torchvision" in _fails(capsys, "train", "--out", str(tmp_path), *args)
+
+
+@pytest.mark.skipif(HAS_TORCHVISION, reason="torchvision is installed here")
+def test_torchvision_missing_is_said_before_any_data_is_made(capsys, tmp_path, monkeypatch) -> None:
+    # 8192 synthetic 3x224x224 images are 4.9 GB: the line came after 35 s of making them.
+    monkeypatch.setattr(data, "load", lambda *a, **k: pytest.fail("the data was made before the model was checked"))
+    args = ["--model", "resnet50", "--dataset", "synthetic", "--input-shape", "3x224x224"]
     assert "needs torchvision" in _fails(capsys, "train", "--out", str(tmp_path), *args)
 
 
