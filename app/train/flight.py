@@ -17,8 +17,10 @@ After a failed collective, rank 0's roll call (``Watch.explain``) adds what the 
 collective that not every rank joined, its sequence number, the ranks missing from it with their
 hosts, and the line each of those ranks was at (its innermost frame outside torch and Python).
 
-torch 2.13's CPU recorder names the default group '' in its pg_config while its entries name it
-'0': torch's analysis then fails (KeyError) on gloo dumps; ``_name_groups`` fills in the name.
+torch 2.11-2.13's CPU recorder names the default group '' in its pg_config while its entries name
+it '0': torch's analysis then fails (KeyError) on gloo dumps; ``_name_groups`` fills in the name.
+Before 2.13 the analysis reads only nccl and xccl dumps: ``_read_as_nccl`` presents gloo's entries
+under nccl's name (torch 2.11 on an H200 gave the line without the recorder's part until then).
 """
 
 import contextlib
@@ -42,6 +44,8 @@ ANALYSIS = "analysis.txt"
 """What torch's analysis printed while it read the dumps, in the dumps' folder."""
 READ_GRACE_S = 3.0
 """Seconds rank 0 waits for the other ranks' dumps before it reads them."""
+NCCL = "nccl:"
+"""The profiling-name prefix of NCCL's entries, the one every torch's analysis reads."""
 
 
 class Recorder:
@@ -90,7 +94,7 @@ def stack_path(prefix: Path, rank: int) -> Path:
 
 
 def _name_groups(details: dict) -> None:
-    """Give the CPU recorder's unnamed group (pg_config '') the name its entries use (torch 2.13, gloo)."""
+    """Give the CPU recorder's unnamed group (pg_config '') the name its entries use (torch 2.11-2.13, gloo)."""
     for dump in details.values():
         names = {tuple(entry["process_group"]) for entry in dump["entries"]}
         if "" in dump["pg_config"] and len(names) == 1:
@@ -193,8 +197,30 @@ def _analyse(prefix: Path):
         return None
     _name_groups(details)
     version = next(iter(details.values()))["version"]
+    backend = None
     try:
-        db = build_db(details, args, version)
+        try:
+            db = build_db(details, args, version)
+        except AssertionError as error:  # torch < 2.13 reads nccl and xccl dumps only
+            if "name formatting error" not in str(error):
+                raise
+            backend = _read_as_nccl(details)
+            db = build_db(details, args, version)
     except (AssertionError, KeyError, ValueError, IndexError):  # dumps torch's analysis cannot pair up
         return None
-    return next((c for c in db.collectives if c.missing_ranks), None)
+    found = next((c for c in db.collectives if c.missing_ranks), None)
+    if found is None or backend is None:
+        return found
+    return found._replace(collective_name=found.collective_name.replace(NCCL, f"{backend}:", 1))
+
+
+def _read_as_nccl(details: dict) -> str:
+    """Name every entry as NCCL's for torch's analysis, which before torch 2.13 refuses other backends'
+    dumps (``name formatting error? gloo != 'nccl' or 'xccl'``) though it pairs them alike; returns the
+    backend's own name, to put back in the result (a job has one backend: app/runtime/backend.py)."""
+    backend = "nccl"
+    for dump in details.values():
+        for entry in dump["entries"]:
+            backend, _, operation = entry["profiling_name"].partition(":")
+            entry["profiling_name"] = NCCL + operation
+    return backend
