@@ -32,6 +32,6 @@ if __name__ == "__main__":
         "title": cmdline(os.getpid()),
         "parent": cmdline(os.getppid()),
     })  # fmt: skip
-    print(report, flush=True)
+    os.write(1, f"{report}\n".encode())  # one write, under PIPE_BUF: the ranks' lines never interleave
     if sys.argv[1:2] == ["--os-exit"]:
         os._exit(int(sys.argv[2]))  # no teardown, as `python -m app` leaves
