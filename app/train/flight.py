@@ -19,8 +19,8 @@ hosts, and the line each of those ranks was at (its innermost frame outside torc
 
 torch 2.11-2.13's CPU recorder names the default group '' in its pg_config while its entries name
 it '0': torch's analysis then fails (KeyError) on gloo dumps; ``_name_groups`` fills in the name.
-Before 2.13 the analysis reads only nccl and xccl dumps: ``_read_as_nccl`` presents gloo's entries
-under nccl's name (torch 2.11 on an H200 gave the line without the recorder's part until then).
+Before 2.13 the analysis reads only nccl and xccl dumps: ``_read_as_nccl`` presents every entry
+under nccl's name, on any torch (torch 2.11 on an H200 gave the line without the recorder's part).
 """
 
 import contextlib
@@ -197,21 +197,13 @@ def _analyse(prefix: Path):
         return None
     _name_groups(details)
     version = next(iter(details.values()))["version"]
-    backend = None
+    backend = _read_as_nccl(details)
     try:
-        try:
-            db = build_db(details, args, version)
-        except AssertionError as error:  # torch < 2.13 reads nccl and xccl dumps only
-            if "name formatting error" not in str(error):
-                raise
-            backend = _read_as_nccl(details)
-            db = build_db(details, args, version)
+        db = build_db(details, args, version)
     except (AssertionError, KeyError, ValueError, IndexError):  # dumps torch's analysis cannot pair up
         return None
     found = next((c for c in db.collectives if c.missing_ranks), None)
-    if found is None or backend is None:
-        return found
-    return found._replace(collective_name=found.collective_name.replace(NCCL, f"{backend}:", 1))
+    return found and found._replace(collective_name=found.collective_name.replace(NCCL, f"{backend}:", 1))
 
 
 def _read_as_nccl(details: dict) -> str:
