@@ -24,6 +24,7 @@ import stat
 from importlib import resources
 from pathlib import Path
 
+from app import contract
 from app.errors import UsageError
 from app.topology import render
 from app.topology.spec import ClusterSpec, Host
@@ -40,8 +41,6 @@ RENDEZVOUS = "rendezvous"
 """The service of the c10d rendezvous store (torchrun's --rdzv-endpoint): its loss alone ends the job."""
 WORKER, MPI_WORKER, LAUNCHER = "worker", "mpi-worker", "launcher"
 """The other services: torchrun's workers, the mpi profile's sshd nodes and its mpirun launcher."""
-SCRIPT_MOUNT = "/job"
-"""Where a user's script folder is mounted read-only in every container."""
 STOP_GRACE_S = 10
 """Seconds a container has to stop before it is killed (compose's stop_grace_period, the runner's stops)."""
 SHM_SIZE, GPU_SHM_SIZE = "1gb", "8gb"
@@ -128,9 +127,8 @@ def script_dir(spec: ClusterSpec) -> Path | None:
 
 def job_line(spec: ClusterSpec) -> str:
     """The job as the node's command line shows it (after torchrun, or the mpirun launcher's)."""
-    argv = (
-        render.python_argv(spec, SCRIPT_MOUNT) if spec.job.launcher == "mpirun" else render.job_argv(spec, SCRIPT_MOUNT)
-    )
+    by_launcher = render.python_argv if spec.job.launcher == "mpirun" else render.job_argv
+    argv = by_launcher(spec, contract.JOB_DIR)
     return shlex.join(argv)
 
 
@@ -168,7 +166,7 @@ def nodes_file(spec: ClusterSpec) -> str:
     rendezvous store's port."""
     check(spec)
     base, prefix = (GPU_FILE, "gpu-") if spec.nodes.gpus_per_node else (COMPOSE_FILE, "")
-    job = render.job_argv(spec, SCRIPT_MOUNT)
+    job = render.job_argv(spec, contract.JOB_DIR)
 
     def node(name: str, template: str = "", **settings) -> dict:
         replica = {"extends": {"file": os.fspath(base), "service": prefix + template}, "scale": 1} if template else {}
@@ -186,7 +184,7 @@ def nodes_file(spec: ClusterSpec) -> str:
         **{name: node(h.name, MPI_WORKER) for name, h in zip(mpi, mpi_hosts(spec), strict=True)},
         LAUNCHER: node(
             container(spec, LAUNCHER),
-            command=render.python_argv(spec, SCRIPT_MOUNT),
+            command=render.python_argv(spec, contract.JOB_DIR),
             depends_on={name: {"condition": "service_healthy"} for name in mpi},
         ),
     }
@@ -203,7 +201,7 @@ def node_files(spec: ClusterSpec) -> dict[str, str]:
         "torchrun.args": " ".join(render.torchrun_args(torchrun, nodes)) + "\n",
         "cluster.env": render.render_env(torchrun, nodes),
         "hostfile": render.render_hostfile(mpi),
-        "mpirun.args": " ".join(render.mpirun_args(spec, mpi, "/cluster/hostfile")) + "\n",
+        "mpirun.args": " ".join(render.mpirun_args(spec, mpi, f"{contract.CLUSTER_DIR}/hostfile")) + "\n",
     }
 
 
@@ -213,7 +211,8 @@ def cluster_files(spec: ClusterSpec, folder: Path) -> dict[str, str]:
         "compose.env": env_file(spec, folder),
         "nodes.yaml": nodes_file(spec),
         **{f"{NODE_FILES}/{name}": text for name, text in node_files(spec).items()},
-        f"{NO_SCRIPT}/README": "No --script was given: this folder is mounted at /job in place of a script's folder.\n",
+        f"{NO_SCRIPT}/README": f"No --script was given: this folder is mounted at {contract.JOB_DIR} in place of a "
+        "script's folder.\n",
     }
 
 
