@@ -9,6 +9,7 @@ contract changed here changes their output). No containers run.
 
 import ast
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,35 @@ def test_each_shared_fact_is_written_only_in_the_contract() -> None:
     found = {str(p.relative_to(ROOT)): _facts(p) for p in sorted((ROOT / "app").rglob("*.py"))}
     assert len(found.pop("app/contract.py")) == 5  # the control: the scan sees the contract's own
     assert {path: hits for path, hits in found.items() if hits} == {}
+
+
+def test_the_files_that_cannot_import_the_contract_carry_its_paths() -> None:
+    """The image (docker/Dockerfile makes the folders, docker/bin's defaults) and compose.yaml's mounts are not
+    Python: each in-image path they name is the contract's, so a contract changed alone fails here."""
+    paths = {contract.JOB_DIR, contract.CLUSTER_DIR, contract.RESULTS_DIR}
+    made = re.search(r"install -d -o app -g app -m 0755 ([^\n]+)", (ROOT / "docker" / "Dockerfile").read_text())
+    assert made is not None and set(made[1].split()) == paths
+    node = yaml.safe_load(compose.COMPOSE_FILE.read_text())["x-node"]
+    targets = {v["target"] if isinstance(v, dict) else v.split(":")[1] for v in node["volumes"]}
+    assert targets == paths
+    scripts = "".join(p.read_text() for p in sorted((ROOT / "docker" / "bin").iterdir()))
+    defaults = set(re.findall(r"\$\{CLUSTER_DIR:-([^}]*)\}", scripts))
+    defaults |= set(re.findall(r'CLUSTER_ENV = Path\("(/[^/"]+)/', scripts))
+    assert defaults == {contract.CLUSTER_DIR}
+
+
+@pytest.mark.parametrize(
+    ("knobs", "flavour"),
+    [((), "cpu"), (("GPUS_PER_NODE=8", "NPROC_PER_NODE=8"), "cuda"), (("SPEC={gpu_spec}",), "cuda")],
+)
+def test_make_builds_and_runs_the_flavour_the_app_names(tmp_path, knobs: tuple[str, ...], flavour: str) -> None:
+    """make asks the app for the flavour (a spec file's GPUs count too), for the image it builds and the one it runs."""
+    gpu_spec = tmp_path / "gpu.toml"
+    gpu_spec.write_text("[nodes]\ngpus_per_node = 4\nnproc_per_node = 4\n")
+    args = [knob.format(gpu_spec=gpu_spec) for knob in knobs]
+    cmd = ["make", "--no-print-directory", "-n", "cluster-up", *args]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    name = contract.versions()["IMAGE_NAME"]
+    assert f"image --flavour {flavour} " in done.stdout
+    assert done.stdout.count(f"--image '{name}:{flavour}'") == 2  # the spec's check and the cluster's run
