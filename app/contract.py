@@ -9,8 +9,8 @@ and which flavour of it a node runs). Names and versions of the images are read 
 """
 
 import re
+import sys
 from functools import cache
-from importlib import metadata
 from pathlib import Path
 
 from app.errors import UsageError
@@ -37,9 +37,10 @@ CPU, CUDA = "cpu", "cuda"
 FLAVOURS = (CPU, CUDA)
 """The workload image's flavours, its tags: IMAGE_NAME:cpu and IMAGE_NAME:cuda."""
 
-VERSIONS_FILE = "versions.env"
-"""The file of the images' names, bases and pins: docker/versions.env in a checkout; an installed
-package carries it as data (share/ddp-cluster/versions.env, pyproject's data-files)."""
+VERSIONS_FILE = "docker/versions.env"
+"""The file of the images' names, bases and pins (an installed package's share/ddp-cluster/versions.env)."""
+COMPOSE_FILE = "compose.yaml"
+"""The compose mini-cluster's file (an installed package's share/ddp-cluster/compose.yaml)."""
 _LINE = re.compile(r"([A-Z][A-Z0-9_]*)=([^\s'\"$`\\]+)")
 
 
@@ -53,28 +54,22 @@ def image(gpus_per_node: int) -> str:
     return f"{versions()['IMAGE_NAME']}:{flavour(gpus_per_node)}"
 
 
-def versions_path() -> Path:
-    """docker/versions.env of this checkout, else the installed package's copy; a UsageError when neither is."""
-    checkout = Path(__file__).resolve().parents[1] / "docker" / VERSIONS_FILE
-    if checkout.is_file():
-        return checkout
-    try:
-        shipped = [f for f in metadata.distribution("ddp-cluster").files or () if f.name == VERSIONS_FILE]
-    except metadata.PackageNotFoundError:
-        shipped = []
-    for file in shipped:
-        if Path(file.locate()).is_file():
-            return Path(file.locate())
-    raise UsageError(
-        f"{VERSIONS_FILE} not found (neither {checkout} nor the installed package's): reinstall the package "
-        "(pip install .) or give the image with --image"
-    )
+def shipped(relative: str) -> Path:
+    """A file of the repository that pip installs as share/ddp-cluster/<its name> (pyproject's data-files):
+    this checkout's, else the installed copy."""
+    checkout = Path(__file__).resolve().parents[1] / relative
+    return checkout if checkout.is_file() else Path(sys.prefix, "share", "ddp-cluster", Path(relative).name)
 
 
 @cache
 def versions() -> dict[str, str]:
-    """Every KEY=VALUE of versions.env (comments and blank lines aside)."""
-    path = versions_path()
+    """Every KEY=VALUE of docker/versions.env (comments and blank lines aside)."""
+    path = shipped(VERSIONS_FILE)
+    if not path.is_file():
+        raise UsageError(
+            f"{VERSIONS_FILE} not found (neither in a checkout nor at {path}): reinstall the package "
+            "(pip install .) or give the image with --image"
+        )
     values: dict[str, str] = {}
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):

@@ -18,8 +18,9 @@ import yaml
 from app import cli, contract
 from app.diagnostics import gate
 from app.errors import UsageError
+from app.node import agent
 from app.orchestrate import runner
-from app.runtime import agent, launcher
+from app.runtime import launcher
 from app.topology import command, compose, kube, trainjob
 from app.topology.spec import build
 
@@ -147,7 +148,7 @@ def test_the_launchers_default_to_the_contracts_port(monkeypatch) -> None:
 
 
 def test_the_app_reads_versions_env_from_the_checkout() -> None:
-    assert contract.versions_path() == ROOT / "docker" / "versions.env"
+    assert contract.shipped(contract.VERSIONS_FILE) == ROOT / "docker" / "versions.env"
     assert contract.image(0) == f"{contract.versions()['IMAGE_NAME']}:cpu"
 
 
@@ -177,15 +178,21 @@ def test_each_shared_fact_is_written_only_in_the_contract() -> None:
     assert {path: hits for path, hits in found.items() if hits} == {}
 
 
+def _top(path: str) -> str:
+    """A path's top folder: /cluster/ssh is under /cluster."""
+    return "/" + path.split("/")[1]
+
+
 def test_the_files_that_cannot_import_the_contract_carry_its_paths() -> None:
     """The image (docker/Dockerfile makes the folders, docker/bin's defaults) and compose.yaml's mounts are not
     Python: each in-image path they name is the contract's, so a contract changed alone fails here."""
     paths = {contract.JOB_DIR, contract.CLUSTER_DIR, contract.RESULTS_DIR}
     made = re.search(r"install -d -o app -g app -m 0755 ([^\n]+)", (ROOT / "docker" / "Dockerfile").read_text())
-    assert made is not None and set(made[1].split()) == paths
-    node = yaml.safe_load(compose.COMPOSE_FILE.read_text())["x-node"]
-    targets = {v["target"] if isinstance(v, dict) else v.split(":")[1] for v in node["volumes"]}
-    assert targets == paths
+    assert made is not None and {_top(p) for p in made[1].split()} == paths
+    volumes = [v for n in _walk(yaml.safe_load(compose.COMPOSE_FILE.read_text())) if isinstance(n, dict) for v in
+               (n.get("volumes") if isinstance(n.get("volumes"), list) else [])]  # fmt: skip
+    targets = {v["target"] if isinstance(v, dict) else v.split(":")[1] for v in volumes}
+    assert {_top(t) for t in targets} == paths, targets
     scripts = "".join(p.read_text() for p in sorted((ROOT / "docker" / "bin").iterdir()))
     defaults = set(re.findall(r"\$\{CLUSTER_DIR:-([^}]*)\}", scripts))
     defaults |= set(re.findall(r'CLUSTER_ENV = Path\("(/[^/"]+)/', scripts))
