@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from app import flags
+from app import contract, flags
 from app.atomic import atomic_write_text
 from app.diagnostics import doctor, health
 from app.diagnostics.gate_config import GateConfig
@@ -53,10 +53,6 @@ TRANSFER_BYTES = 1 << 20
 """What a node sends to the rendezvous host and reads back before it rejoins (its link works, end to end)."""
 KEPT_OUT = 3
 """Exit status of a node that the gate keeps out."""
-C10D_PORT = 29400
-"""torchrun's port of a c10d endpoint given without one."""
-STATIC_PORT = 29500
-"""torchrun's --master-port default (a static rendezvous)."""
 Rendezvous = tuple[str, int, bool]
 """(host, port, whether this node serves it)."""
 
@@ -166,10 +162,10 @@ def rendezvous(args_file: Path) -> Rendezvous:
 def rendezvous_of(parsed: argparse.Namespace) -> Rendezvous:
     """(host, port, whether this node serves it) of parsed torchrun arguments."""
     if parsed.rdzv_backend == "static":
-        return parsed.master_addr, parsed.master_port or STATIC_PORT, parsed.node_rank == 0
+        return parsed.master_addr, parsed.master_port or contract.RENDEZVOUS_PORT, parsed.node_rank == 0
     endpoint = parsed.rdzv_endpoint
     host, colon, port = endpoint.rpartition(":")
-    return (host, int(port), False) if colon else (endpoint, C10D_PORT, False)
+    return (host, int(port), False) if colon else (endpoint, contract.C10D_PORT, False)
 
 
 def doctor_view(mine: Node, host: str, port: int, serves: bool) -> ProcessInfo:

@@ -27,13 +27,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from app import contract
 from app.errors import UsageError
 from app.runtime import launcher
 
 START_METHOD = "forkserver"
 """torch's start method of the ranks: forks of one server that imported the preload."""
-TORCHRUN_PORT = 29500
-"""torchrun's --master-port when none is given."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +72,7 @@ def parse(words: Sequence[str]) -> argparse.Namespace:
     if args.standalone or local_only:
         args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     if args.master_port is None:
-        args.master_port = TORCHRUN_PORT
+        args.master_port = contract.RENDEZVOUS_PORT
     return args
 
 

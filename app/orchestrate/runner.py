@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app import flags, progress
+from app import contract, flags, progress
 from app.atomic import atomic_write_text
 from app.errors import ClusterError, UsageError
 from app.flags import flag
@@ -673,7 +673,7 @@ def _failure(run: Run, status: int, output: Filter) -> str:
 def _collect(run: Run, results: Path, elapsed: float) -> None:
     """Copy the results volume home (through rank 0's node) and print the newest summary written during this job."""
     results.mkdir(parents=True, exist_ok=True)
-    copied = _docker("cp", f"{run.main_container}:/results/.", f"{results}/", timeout=300)
+    copied = _docker("cp", f"{run.main_container}:{contract.RESULTS_DIR}/.", f"{results}/", timeout=300)
     if copied.returncode != 0:
         return
     fresh = [p for p in results.rglob("summary.json") if p.stat().st_mtime >= time.time() - elapsed - 5]

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from app import flags
+from app import contract, flags
 from app.atomic import atomic_write_text
 from app.errors import UsageError
 from app.topology import compose, kube, render, slurm, spec, sshkeys, trainjob
@@ -132,6 +132,11 @@ FORMATS: dict[str, tuple[Renderer, str]] = {
         "Kubeflow Trainer v2: our ClusterTrainingRuntime (torch policy, hardened JobSet, --max-restarts)",
     ),
     "nproc-per-node": (lambda r: f"{r.spec.nodes.nproc_per_node}\n", "processes per node (make's local targets)"),
+    "flavour": (
+        lambda r: f"{contract.flavour(r.spec.nodes.gpus_per_node)}\n",
+        "the image flavour the nodes need: cuda with --gpus-per-node > 0, else cpu (make's image targets)",
+    ),
+    "image": (lambda r: f"{r.spec.job.image}\n", "the workload image: --image, else IMAGE_NAME:<flavour>"),
     "doc": (_doc, "the spec's keys as a Markdown table (docs/engines.md)"),
 }
 """Every format: its renderer (text, or files by name for --output-dir) and one line of help."""

@@ -15,7 +15,8 @@ import pytest
 from imagebuild import base, engine, image, versions, wheelhouse
 from imagebuild.host import BuildError
 
-from app.topology.spec import Job
+from app import contract
+from app.topology.spec import build
 
 ROOT = Path(__file__).resolve().parents[2]
 UPSTREAM, LOCAL = "python:slim", "local-base:test"
@@ -202,7 +203,12 @@ def test_the_makefile_takes_the_versions_as_overridable_knobs() -> None:
 
 
 def test_the_spec_names_the_image_that_make_builds() -> None:
-    assert Job().image == f"{versions.read()['IMAGE_NAME']}:cpu"
+    """The app's reader of versions.env (app/contract.py) agrees with the builder's; the spec names
+    IMAGE_NAME in the flavour of its nodes."""
+    assert contract.versions() == versions.read()
+    name = versions.read()["IMAGE_NAME"]
+    assert build({}).job.image == f"{name}:cpu"
+    assert build({"nodes": {"gpus_per_node": 2, "nproc_per_node": 2}}).job.image == f"{name}:cuda"
 
 
 def test_a_python_that_does_not_run_is_one_line_before_the_builder() -> None:
