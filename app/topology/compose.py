@@ -50,6 +50,14 @@ OMP_THREADS = 1
 """OMP_NUM_THREADS of every rank: the containers share the machine's cores."""
 NODE_FILES, NO_SCRIPT = "node", "job"
 """Folders of the rendered files: what the init service copies into the cluster volume; /job without --script."""
+EVENTS, EVENTS_MOUNT, EVENTS_NAME = "events", "/events", "events.jsonl"
+"""The job's events (``app.events``): the folder beside the rendered files, where every container mounts it, and
+the file's name in it."""
+
+
+def events_file(folder: Path) -> Path:
+    """The events file of the cluster rendered into ``folder``, on the host."""
+    return Path(folder) / EVENTS / EVENTS_NAME
 
 
 def check(spec: ClusterSpec) -> None:
@@ -158,6 +166,9 @@ def env_file(spec: ClusterSpec, folder: Path) -> str:
         "STOP_GRACE": f"{STOP_GRACE_S}s",
         "SCRIPT_DIR": os.fspath(script_dir(spec) or folder / NO_SCRIPT),
         "NODE_FILES": os.fspath(folder / NODE_FILES),
+        "EVENTS_DIR": os.fspath(folder / EVENTS),
+        "EVENTS_MOUNT": EVENTS_MOUNT,
+        "EVENTS_FILE": f"{EVENTS_MOUNT}/{EVENTS_NAME}",
     }
     return "".join(f"{key}={_quoted(str(value))}\n" for key, value in values.items())
 
