@@ -225,6 +225,7 @@ def cluster_files(spec: ClusterSpec, folder: Path) -> dict[str, str]:
         "nodes.yaml": nodes_file(spec),
         **{f"{NODE_FILES}/{name}": text for name, text in node_files(spec).items()},
         f"{NO_SCRIPT}/README": "No --script was given: this folder is mounted at /job in place of a script's folder.\n",
+        f"{EVENTS}/README": f"The job's events ({EVENTS_NAME}, app/events.py), at {EVENTS_MOUNT} in every node.\n",
     }
 
 
