@@ -691,7 +691,21 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "down":
         return _down(job)
     if args.action == "logs":
-        return subprocess.run(
+        status = subprocess.run(
             job.compose("logs", "--no-color", "--timestamps", every_profile=True), check=False
         ).returncode
+        records, _ = events.read(compose.events_file(job.folder))
+        for record in records:  # what happened to the jobs, after what their nodes said
+            print(describe_event(record))
+        return status
     return _up(job, args.results)
+
+
+def describe_event(record: dict) -> str:
+    """``events | 2026-11-27T06:10:01 ddp-cluster-worker-1 rank 3: worker_failed exitcode=-9 ...``: one record of
+    the events file, as ``cluster logs`` prints it after the nodes' output."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(float(record.get("time", 0))))
+    who = f"{record.get('node')}" + (f" rank {record['rank']}" if record.get("rank") is not None else "")
+    fields = " ".join(f"{key}={json.dumps(value)}" for key, value in record.items()
+                      if key not in ("time", "node", "rank", "kind"))  # fmt: skip
+    return f"events | {stamp} {who}: {record.get('kind')} {fields}".rstrip()

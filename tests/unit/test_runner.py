@@ -387,3 +387,13 @@ def test_a_lost_node_is_started_at_once_when_docker_stopped_it_else_after_the_re
     slept_now: list[float] = []
     runner._restart_node(run, "demo-worker-1", 137, threading.Event(), by_docker)
     assert (done, slept_now) == (calls, slept) and run.restarts == 1 and not run.gone
+
+
+def test_cluster_logs_prints_each_event_after_the_nodes_output(tmp_path):
+    path = tmp_path / "events.jsonl"
+    events.write(events.WORKER_FAILED, 3, path, local_rank=1, exitcode=-9, message="", attempt=0)
+    [record], _ = events.read(path)
+    line = runner.describe_event(record | {"node": "demo-worker-1"})
+    assert line.startswith("events | ") and line.endswith(
+        'demo-worker-1 rank 3: worker_failed local_rank=1 exitcode=-9 message="" attempt=0'
+    )
