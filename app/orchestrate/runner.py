@@ -322,11 +322,6 @@ class Run:
         """The container of a service's node (``worker-1`` -> ``ddp-cluster-worker-1``)."""
         return node if node.startswith(f"{self.spec.job.name}-") else f"{self.spec.job.name}-{node}"
 
-    def where(self, rank: int) -> str:
-        """``rank 1 on ddp-cluster-head-1`` (a torchrun job: c10d's node order, ``compose.rank_order``)."""
-        node = next((c for c in compose.rank_order(self.spec) if rank in self.node_ranks(c)), None)
-        return f"rank {rank} on {node}" if node else f"rank {rank}"
-
 
 def _docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     try:
