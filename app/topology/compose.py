@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from app.errors import UsageError
+from app.runtime import envvars
 from app.topology import render
 from app.topology.spec import ClusterSpec, Host
 
@@ -223,9 +224,15 @@ def node_files(spec: ClusterSpec) -> dict[str, str]:
         "torchrun.args": " ".join(render.torchrun_args(torchrun, nodes)) + "\n",
         "cluster.env": render.render_env(torchrun, nodes),
         "hostfile": render.render_hostfile(mpi),
-        "mpirun.args": " ".join(render.mpirun_args(spec, mpi, "/cluster/hostfile")) + "\n",
+        "mpirun.args": " ".join([*render.mpirun_args(spec, mpi, "/cluster/hostfile"), *_events_to(mpi)]) + "\n",
         "ssh/README": "The mpi profile mounts this cluster's SSH keys here (the compose volume ssh).\n",
     }
+
+
+def _events_to(hosts: tuple) -> list[str]:
+    """mpirun's ``-x`` of the events file (``app.events``) for the mpi profile's ranks (compose gives it to the
+    torchrun nodes; mpirun's ranks see only what it exports)."""
+    return ["-x", f"{envvars.EVENTS_FILE}={EVENTS_MOUNT}/{EVENTS_NAME}"] if hosts else []
 
 
 def cluster_files(spec: ClusterSpec, folder: Path) -> dict[str, str]:

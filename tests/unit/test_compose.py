@@ -52,6 +52,7 @@ def test_the_nodes_get_rendered_files_not_the_spec(tmp_path):
     assert "--rdzv-endpoint=demo-rendezvous-1:29500" in files["node/torchrun.args"]
     assert "MASTER_ADDR=demo-rendezvous-1\n" in files["node/cluster.env"]
     assert "MASTER_ADDR=demo-mpi-worker-1" in files["node/mpirun.args"], "mpirun's rank 0 serves its own store"
+    assert "-x DDP_CLUSTER_EVENTS_FILE=/events/events.jsonl" in files["node/mpirun.args"]  # its ranks' events
 
 
 def test_topology_writes_the_compose_files(tmp_path, capsys):
