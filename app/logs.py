@@ -45,6 +45,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TextIO
 
+from app import events
 from app.runtime import launcher
 
 DEFAULT_LOG_DIR = Path("logs")
@@ -211,6 +212,9 @@ class RunLog:
                 self._file.write(text + "\n")
         print(text, file=sys.stderr, flush=True)
         self._tell_torchrun(text)
+        rank = int(self.who.rank) if (self.who.rank or "").isdigit() else None
+        reason = getattr(error, "reason", "")
+        events.write(events.ERROR, rank, line=text, cause=message, status=status, reason=reason)
         return status
 
     def _tell_torchrun(self, text: str) -> None:

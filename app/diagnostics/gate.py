@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from app import contract, flags
+from app import contract, events, flags
 from app.atomic import atomic_write_text
 from app.diagnostics import doctor, health
 from app.diagnostics.gate_config import GateConfig
@@ -247,8 +247,13 @@ def judge(cfg: GateConfig, mine: Node, where: Rendezvous | None, start: list[hea
 
 
 def passed(judged: Judged, start: list[health.DeviceHealth], took: str) -> str:
+    return f"gate: passed {took}: {judged_figures(judged, start)}"
+
+
+def judged_figures(judged: Judged, start: list[health.DeviceHealth]) -> str:
+    """``cpu 35.0 GFLOP/s, 3.1 GB/s copy against the job's cpu 36.2 GFLOP/s, 3.0 GB/s copy`` (and the transfer)."""
     moved = f"; {judged.transfer}" if judged.transfer else ""
-    return f"gate: passed {took}: {describe(judged.figures)} against the job's {describe(start)}{moved}"
+    return f"{describe(judged.figures)} against the job's {describe(start)}{moved}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -277,12 +282,16 @@ def admit(cfg: GateConfig, where: Rendezvous | None) -> None:
     judged = judge(cfg, mine, where, start)
     if judged.why is None:
         print(passed(judged, start, f"in {time.monotonic() - began:.1f} s"), flush=True)
+        events.write(events.GATE, verdict=events.PASSED, detail=judged_figures(judged, start))
         return
     if not cfg.retry_every:
         raise ClusterError(f"{mine.host} kept out: {judged.why}", KEPT_OUT)
     print(f"gate: kept out: {judged.why}; tried again every {cfg.retry_every:g} s", flush=True)
+    events.write(events.GATE, verdict=events.KEPT_OUT, detail=judged.why, retry_every=cfg.retry_every)
     kept = time.monotonic()
     while judged.why is not None:
         time.sleep(cfg.retry_every)
         judged = judge(cfg, mine, where, start)
-    print(passed(judged, start, f"after {time.monotonic() - kept:.0f} s kept out"), flush=True)
+    waited = round(time.monotonic() - kept)
+    print(passed(judged, start, f"after {waited} s kept out"), flush=True)
+    events.write(events.GATE, verdict=events.PASSED_AFTER, detail=judged_figures(judged, start), waited=waited)

@@ -186,11 +186,21 @@ def run_job(job: agent.Job) -> int:
         return exit_status(stop.code)
     except KeyboardInterrupt:
         return 130
-    except BaseException:
+    except BaseException as error:
         sys.excepthook(*sys.exc_info())  # the interpreter's report (torch's [rankN]: prefix once it has a group)
+        record_error(error)
         return 1
     finally:
         os._exit = real_exit
+
+
+def record_error(error: BaseException) -> None:
+    """Write ``error`` to torchelastic's error file (TORCHELASTIC_ERROR_FILE, as ``@record`` does): the agent reads
+    the rank's failure there, not in its output."""
+    from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+    with contextlib.suppress(OSError):
+        get_error_handler().record_exception(error)
 
 
 def exit_status(code: object) -> int:

@@ -108,3 +108,8 @@ def check_port(port: int, name: str = MASTER_PORT) -> int:
             f"and cannot bind lower ports; the default is {contract.RENDEZVOUS_PORT}"
         )
     return port
+
+
+EVENTS_FILE = "DDP_CLUSTER_EVENTS_FILE"
+"""The job's events file (``app.events``): where every node agent and rank appends what happened to the job, as
+facts; the cluster runner reads them. Unset: no events are written."""

@@ -368,6 +368,12 @@ def detect(env: Mapping[str, str] | None = None, *, need_master: bool = True) ->
     return info
 
 
+def events_file(env: Mapping[str, str] | None = None) -> str | None:
+    """The job's events file (``app.events``), or None where the job keeps none."""
+    env = os.environ if env is None else env
+    return env.get(envvars.EVENTS_FILE) or None
+
+
 def environment() -> dict[str, str]:
     """A copy of this process's environment (app node: what its fork server started with)."""
     return dict(os.environ)

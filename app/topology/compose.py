@@ -25,6 +25,7 @@ from pathlib import Path
 
 from app import contract
 from app.errors import UsageError
+from app.runtime import envvars
 from app.topology import render
 from app.topology.spec import ClusterSpec, Host
 
@@ -48,6 +49,14 @@ OMP_THREADS = 1
 """OMP_NUM_THREADS of every rank: the containers share the machine's cores."""
 NODE_FILES, NO_SCRIPT = "node", "job"
 """Folders of the rendered files: what every node reads at /cluster (read-only); /job without --script."""
+EVENTS, EVENTS_MOUNT, EVENTS_NAME = "events", "/events", "events.jsonl"
+"""The job's events (``app.events``): the folder beside the rendered files, where every container mounts it, and
+the file's name in it."""
+
+
+def events_file(folder: Path) -> Path:
+    """The events file of the cluster rendered into ``folder``, on the host."""
+    return Path(folder) / EVENTS / EVENTS_NAME
 
 
 def check(spec: ClusterSpec) -> None:
@@ -155,6 +164,9 @@ def env_file(spec: ClusterSpec, folder: Path) -> str:
         "STOP_GRACE": f"{STOP_GRACE_S}s",
         "SCRIPT_DIR": os.fspath(script_dir(spec) or folder / NO_SCRIPT),
         "NODE_FILES": os.fspath(folder / NODE_FILES),
+        "EVENTS_DIR": os.fspath(folder / EVENTS),
+        "EVENTS_MOUNT": EVENTS_MOUNT,
+        "EVENTS_FILE": f"{EVENTS_MOUNT}/{EVENTS_NAME}",
     }
     return "".join(f"{key}={_quoted(str(value))}\n" for key, value in values.items())
 
@@ -202,9 +214,16 @@ def node_files(spec: ClusterSpec) -> dict[str, str]:
         "torchrun.args": " ".join(render.torchrun_args(torchrun, nodes)) + "\n",
         "cluster.env": render.render_env(torchrun, nodes),
         "hostfile": render.render_hostfile(mpi),
-        "mpirun.args": " ".join(render.mpirun_args(spec, mpi, f"{contract.CLUSTER_DIR}/hostfile")) + "\n",
+        "mpirun.args": " ".join([*render.mpirun_args(spec, mpi, f"{contract.CLUSTER_DIR}/hostfile"), *_events_to(mpi)])
+        + "\n",
         "ssh/README": "The mpi profile mounts this cluster's SSH keys here (the compose volume ssh).\n",
     }
+
+
+def _events_to(hosts: tuple) -> list[str]:
+    """mpirun's ``-x`` of the events file (``app.events``) for the mpi profile's ranks (compose gives it to the
+    torchrun nodes; mpirun's ranks see only what it exports)."""
+    return ["-x", f"{envvars.EVENTS_FILE}={EVENTS_MOUNT}/{EVENTS_NAME}"] if hosts else []
 
 
 def cluster_files(spec: ClusterSpec, folder: Path) -> dict[str, str]:
@@ -215,6 +234,7 @@ def cluster_files(spec: ClusterSpec, folder: Path) -> dict[str, str]:
         **{f"{NODE_FILES}/{name}": text for name, text in node_files(spec).items()},
         f"{NO_SCRIPT}/README": f"No --script was given: this folder is mounted at {contract.JOB_DIR} in place of a "
         "script's folder.\n",
+        f"{EVENTS}/README": f"The job's events ({EVENTS_NAME}, app/events.py), at {EVENTS_MOUNT} in every node.\n",
     }
 
 
