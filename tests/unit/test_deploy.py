@@ -121,3 +121,23 @@ def test_deploy_yml_changes_nothing_before_its_check_plays_end() -> None:
 def test_deploy_imports_no_torch() -> None:
     code = "import sys, app.orchestrate.deploy; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--check"], "deploy: ok (check mode: a real run would make 8 change(s); none was made)\n"),
+        ([], "deploy: ok (8 change(s); results in runs/ansible/)\n"),
+    ],
+)
+def test_the_result_line_counts_the_changes_never_says_nothing_changed_beside_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, flags: list[str], said: str
+) -> None:
+    from app import cli
+    from app.orchestrate import deploy
+
+    inventory = tmp_path / "inv.yml"
+    inventory.write_text("all: {}\n")
+    monkeypatch.setattr(deploy, "deploy", lambda cfg: 8)  # what a --check on bare nodes reported: changed=8
+    assert cli.main(["deploy", "-i", str(inventory), "--log-dir", str(tmp_path), *flags]) == 0
+    assert capsys.readouterr().out == said
