@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster.nodes import nodes
 from tests.ansible.conftest import ansible_env
+from tests.rigs.nodes import nodes
 
 pytestmark = [pytest.mark.ansible, pytest.mark.slow]
 HOSTS_BLOCK = "ddp-cluster hosts (managed by Ansible)"
