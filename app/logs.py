@@ -82,6 +82,16 @@ def file_name(command: str, rank: str | None) -> str:
     return f"{command}-rank{re.sub(r'[^A-Za-z0-9_-]', '_', rank)}.log"
 
 
+_ERROR_LINE = re.compile(r"^error: (?P<cause>.*?)(?: \[exit \d+(?:; log \S+)?\])?$")
+
+
+def cause_of(text: str) -> str:
+    """The cause told by another app command's one line (``error: CAUSE [exit S; log PATH]``, RunLog.line),
+    for a line of one's own that gives its own exit status; any other text as it is."""
+    match = _ERROR_LINE.match(text)
+    return match["cause"] if match else text
+
+
 class RunLog:
     """The log of one run of one command on one rank; while entered, native output goes to it.
 

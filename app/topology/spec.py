@@ -17,6 +17,7 @@ import re
 import tomllib
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from decimal import Decimal
 from pathlib import Path
@@ -80,22 +81,28 @@ def parse_hosts(spec: str) -> tuple[Host, ...]:
     return tuple(hosts)
 
 
-def parse_hostfile(text: str, source: str = "hostfile") -> tuple[Host, ...]:
-    """Parse an OpenMPI hostfile: ``NAME [slots=N]`` per line, ``#`` starts a comment."""
+def parse_hostfile(text: str, source: str = "hostfile", note: Callable[[str], None] | None = None) -> tuple[Host, ...]:
+    """Parse an OpenMPI hostfile: ``NAME [slots=N]`` per line, ``#`` starts a comment. A line without
+    ``slots=`` means one slot, as in ``--hosts`` (OpenMPI itself counts the node's cores): ``note`` is
+    told so, once per such line."""
     hosts = []
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         name, *options = line.split()
-        slots = 1
+        slots = None
         for option in options:
             key, _, value = option.partition("=")
             if key in ("slots", "max_slots", "max-slots") and value.isdigit():
                 slots = int(value) if key == "slots" else slots
             else:
                 raise UsageError(f"{source} line {number}: {raw.strip()!r} must look like 'node0 slots=2'")
-        hosts.append(Host(name, slots))
+        if slots is None and note is not None:
+            note(f"{source} line {number}: {name} has no slots=N: 1 slot (OpenMPI would count its cores)")
+        hosts.append(Host(name, 1 if slots is None else slots))
+    if not hosts:
+        raise UsageError(f"{source} names no host (empty, or only comments): write one 'NAME slots=N' line per node")
     return tuple(hosts)
 
 

@@ -4,6 +4,7 @@ fork of one preloaded server; each test against real ranks on localhost (``--sta
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -73,6 +74,27 @@ def test_without_fork_each_rank_is_a_new_interpreter_as_under_torchrun(tmp_path:
         assert not rank["preloaded"], rank
         assert "app node" in rank["parent"] and "forkserver" not in rank["parent"], rank
         assert rank["title"].endswith(f"-u {NODE_JOB} a b"), rank
+
+
+LINES_JOB = """
+import io, os, sys
+whole = isinstance(sys.stdout.buffer, io.BufferedWriter) and sys.stdout.line_buffering
+for i in range(3000):
+    print(f"rank {os.environ['RANK']} line {i} whole={whole}")
+"""
+
+
+def test_ranks_on_one_pipe_under_python_u_write_whole_lines(tmp_path: Path) -> None:
+    """The image sets PYTHONUNBUFFERED: print() there writes a line's text and its newline apart, and two ranks'
+    lines came out joined in the node's output (``rank 3 of 4 uprank 2 of 4 up``)."""
+    job = tmp_path / "lines_job.py"
+    job.write_text(LINES_JOB)
+    done = run_node(tmp_path, [*TWO_RANKS, str(job)], env=_clean_env({"PYTHONUNBUFFERED": "1"}))
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if "line" in line]
+    joined = [line for line in lines if not re.fullmatch(r"rank [01] line \d+ whole=True", line)]
+    assert not joined, joined[:5]
+    assert len(lines) == 2 * 3000
 
 
 @pytest.mark.parametrize("status", [0, 5])

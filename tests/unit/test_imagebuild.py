@@ -108,6 +108,39 @@ def test_wheels_image_is_rebuilt_only_when_the_wheelhouse_digest_changes(tmp_pat
     assert len(docker.builds) == 4
 
 
+class BuildEngine:
+    """The docker CLI's part that docker_build uses: a tag's image ID and size, a build that may make a new one."""
+
+    def __init__(self, image_id: str) -> None:
+        self.image_id, self.removed, self.builds = image_id, [], 0
+        self.next_id = image_id
+
+    def inspect(self, ref: str, fmt: str) -> str:
+        return self.image_id if fmt == "{{.Id}}" else "930000000"
+
+    def build(self, args: list[str], log: Path | None = None) -> bool:
+        self.builds += 1
+        self.image_id = self.next_id
+        return True
+
+    def remove(self, image_id: str) -> None:
+        self.removed.append(image_id)
+
+
+def test_a_build_that_changes_nothing_says_up_to_date_and_a_new_image_says_built(capsys) -> None:
+    same = BuildEngine("sha256:aa")
+    image.docker_build("x:cpu", "cpu", {"BASE_IMAGE": "b"}, same, 0.0)
+    out = capsys.readouterr().out
+    assert same.builds == 1 and same.removed == []
+    assert "image: x:cpu is up to date: nothing was built (0.93 GB; checked in" in out and "built x:cpu" not in out
+    new = BuildEngine("sha256:aa")
+    new.next_id = "sha256:bb"
+    image.docker_build("x:cpu", "cpu", {"BASE_IMAGE": "b"}, new, 0.0)
+    out = capsys.readouterr().out
+    assert "image: built x:cpu: 0.93 GB in" in out and "up to date" not in out
+    assert new.removed == ["sha256:aa"], "the image the tag named before is removed"
+
+
 def request(out: Path, torch: str = "torch==9.9.9+cpu") -> wheelhouse.Request:
     return wheelhouse.Request(out, torch, "", Path("/no/such/python"), "3.11", "x86_64")
 
