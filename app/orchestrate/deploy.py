@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app import flags
-from app.errors import ClusterError, UsageError
+from app.errors import ClusterError, UsageError, clip
 from app.flags import flag
 
 ANSIBLE_DIR = Path("ansible")
@@ -112,7 +112,7 @@ def first_failure(events: list[dict]) -> str:
             if data.get("ignore_errors"):
                 continue
             message = " ".join(_result_message(data.get("res", {})).split())
-            return f"{data.get('host', '?')}: task '{data.get('task', '?')}': {message[:500]}"
+            return f"{data.get('host', '?')}: task '{data.get('task', '?')}': {clip(message, 500)}"
     return ""
 
 

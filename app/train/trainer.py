@@ -261,7 +261,7 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, KeyError, ValueError) as error:
             raise UsageError(
-                f"checkpoint {source} does not fit this model ({first_line(error)[:200]}): choose another --out"
+                f"checkpoint {source} does not fit this model ({first_line(error, 200)}): choose another --out"
             ) from None
         if self.precision.scaler and state.get("scaler"):
             self.precision.scaler.load_state_dict(state["scaler"])
