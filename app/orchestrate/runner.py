@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app import flags, progress
+from app import flags, logs, progress
 from app.atomic import atomic_write_text
 from app.errors import ClusterError, UsageError
 from app.flags import flag
@@ -254,7 +254,11 @@ class Run:
             print(text, file=stream or sys.stdout, flush=True)
             self.notes.append(text)
 
-    def log(self, text: str) -> None:
+    def log(self, text: str | None) -> None:
+        """A line (or lines) for the command's log, without terminal escape codes or empty lines (``logs.plain``)."""
+        text = logs.plain(text or "")
+        if not text:
+            return
         with self.lock, open(self.log_file, "a", encoding="utf-8") as handle:
             handle.write(text + "\n")
 
@@ -468,7 +472,7 @@ def _take_line(run: Run, service: str, rest: str) -> str:
     when it is the streamed node's and not internal. Returns its time stamp."""
     stamp, _, line = rest.partition(" ")
     node = run.container_of(service)
-    run.log(f"{service}: {line}")
+    run.log(logs.node_line(node, line))  # every node named as docker ps names it
     internal = run.take(node, run.filters.setdefault(node, Filter()), line)
     if not run.observe(node, line) and node == run.main_container and (not internal or run.verbose):
         print(line, flush=True)
