@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [
     ROOT / "README.md",
     *sorted(ROOT.glob("*/README.md")),
-    *sorted(ROOT.glob("cluster/*/README.md")),
+    *sorted(ROOT.glob("tests/rigs/*/README.md")),
     *sorted((ROOT / "docs").glob("*.md")),
     *sorted((ROOT / "mk").glob("*.mk")),
 ]
@@ -32,7 +32,7 @@ def test_no_page_says_make_exits_with_the_jobs_status(page: Path) -> None:
 
 
 def test_the_claim_is_found_where_a_page_makes_it() -> None:
-    # The negative control: the wording issue 25 found in cluster/README.md and docs/engines.md.
+    # The negative control: the wording issue 25 found in cluster/README.md (now docs/cluster.md) and docs/engines.md.
     assert claims("the full output is in the top-level\n[README](../README.md). `make` exits with the job's status.")
     assert claims("`make slurm-job` exits with the job's status; a job that did not complete")
     assert not claims("`python -m app cluster up`, which `make cluster-up` runs, exits with the job's status")
