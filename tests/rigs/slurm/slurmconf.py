@@ -2,7 +2,7 @@
 names, the environment that tests/rigs/slurm/compose.yaml reads, and the files that the host renders
 once and the init service copies into /etc/slurm.
 
-    make slurm-up NODES=2                   # python3 -m cluster.slurm.minicluster up: renders them here
+    make slurm-up NODES=2                   # python3 -m tests.rigs.slurm.minicluster up: renders them here
 
 The controller's host name is ``slurmctld``; each compute node is a service of the rendered
 ``nodes.yaml`` (extending compose.yaml's template ``node``) whose host name and container name are
