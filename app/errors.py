@@ -42,7 +42,24 @@ def exit_status_of(action: Callable[[], int]) -> int:
         return error.status
 
 
-def first_line(error: BaseException) -> str:
-    """The first line of an error's message (its type when empty), without gloo's ``[file:line]`` prefix."""
+def first_line(error: BaseException, limit: int | None = None) -> str:
+    """The first line of an error's message (its type when empty), without gloo's ``[file:line]`` prefix;
+    with ``limit``, at most that many characters, cut between words (``clip``)."""
     text = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    return re.sub(r"^\[[^\]]*\]\s*", "", text)
+    text = re.sub(r"^\[[^\]]*\]\s*", "", text)
+    return clip(text, limit) if limit else text
+
+
+ELLIPSIS = "..."
+"""What ends a clipped text."""
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` when it has at most ``limit`` characters, else its words that fit with ELLIPSIS after them: never
+    a word cut in two (``... Check the logs of the r``); a first word longer than ``limit`` is cut."""
+    if len(text) <= limit:
+        return text
+    room = limit - len(ELLIPSIS)
+    whole = text[room : room + 1].isspace()  # the word before the cut ends there
+    words = text[:room] if whole else (text[:room].rpartition(" ")[0] or text[:room])
+    return words.rstrip(" ,;:.") + ELLIPSIS

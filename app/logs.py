@@ -52,6 +52,27 @@ DEFAULT_LOG_DIR = Path("logs")
 """Where logs go for commands without an output folder (relative to the working directory)."""
 
 
+_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+"""Terminal escape codes: CSI (colours, ``\\x1b[K`` erase-line), OSC (titles, links), and the two-byte ones."""
+
+
+def plain(text: str) -> str:
+    """``text`` as a log file keeps it: no terminal escape codes, and of a line that carriage returns redrew
+    (a progress bar) its last drawing only; empty lines dropped."""
+    lines = []
+    for line in _ESCAPES.sub("", text).split("\n"):
+        drawn = [part for part in line.split("\r") if part.strip()]
+        if drawn:
+            lines.append(drawn[-1].rstrip())
+    return "\n".join(lines)
+
+
+def node_line(node: str, line: str) -> str | None:
+    """``node: line`` for a log of many nodes' output, plain; None when nothing is left to say (no bare ``: ``)."""
+    text = plain(line)
+    return f"{node}: {text}" if text else None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """--log-dir and --verbose, on every command."""
     group = parser.add_argument_group("errors and logs")

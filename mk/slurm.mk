@@ -24,7 +24,7 @@ slurm-up: slurm-image ## Start the Slurm mini-cluster: slurmctld and NODES slurm
 	@$(call SLURM_RUN,up)
 
 .PHONY: slurm-job
-slurm-job: ## sbatch JOB (or SCRIPT) on the mini-cluster, stream its output, print the summary; exits with its status.
+slurm-job: ## sbatch JOB (or SCRIPT) on the mini-cluster, stream its output, print the summary; make exits 2 if the job failed.
 	@$(call SLURM_RUN,job) $(JOB_FLAGS)
 
 .PHONY: slurm-status

@@ -221,7 +221,7 @@ def transfer(me: str, host: str, port: int, timeout_s: float) -> tuple[str | Non
     except ClusterError as error:
         return f"transfer check: {size} to {host}:{port} and back: {error}", ""
     except (RuntimeError, ValueError) as error:  # an operation timed out, the server went away
-        return f"transfer check: {size} to {host}:{port} and back: failed ({first_line(error)[:160]})", ""
+        return f"transfer check: {size} to {host}:{port} and back: failed ({first_line(error, 160)})", ""
     if back != TRANSFER_BYTES:
         return f"transfer check: {size} to {host}:{port} came back as {back} bytes", ""
     return None, f"{size} to {host} and back in {1000 * (time.perf_counter() - start):.0f} ms"

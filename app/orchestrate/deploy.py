@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app import flags, logs
-from app.errors import ClusterError, UsageError
+from app.errors import ClusterError, UsageError, clip
 from app.flags import flag
 
 ANSIBLE_DIR = Path("ansible")
@@ -155,7 +155,7 @@ def first_failure(events: list[dict]) -> Failure | None:
             return Failure(
                 host=str(data.get("host", "?")),
                 task=str(data.get("task", "?")),
-                message=logs.cause_of(message)[:500],
+                message=clip(logs.cause_of(message), 500),
                 play=str(data.get("play", "")),
                 unreachable=event["event"] == "runner_on_unreachable" or data.get("task") == GATHER_FACTS,
             )

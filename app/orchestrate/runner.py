@@ -54,7 +54,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app import contract, events, flags, progress
+from app import contract, events, flags, logs, progress
 from app.atomic import atomic_write_text
 from app.errors import ClusterError, UsageError
 from app.flags import flag
@@ -185,7 +185,11 @@ class Run:
             print(text, file=stream or sys.stdout, flush=True)
             self.notes.append(text)
 
-    def log(self, text: str) -> None:
+    def log(self, text: str | None) -> None:
+        """A line (or lines) for the command's log, without terminal escape codes or empty lines (``logs.plain``)."""
+        text = logs.plain(text or "")
+        if not text:
+            return
         with self.lock, open(self.log_file, "a", encoding="utf-8") as handle:
             handle.write(text + "\n")
 
@@ -341,6 +345,15 @@ def _ends_with(stop: threading.Event, proc: subprocess.Popen) -> subprocess.Pope
     return proc
 
 
+def _log_line(run: Run, service: str, rest: str) -> str:
+    """One line of ``compose logs --timestamps`` (``service | time line``) into the log, its node named as docker ps
+    names it (``logs.node_line``); returns its time stamp."""
+    stamp, _, line = rest.partition(" ")
+    if service:
+        run.log(logs.node_line(run.container_of(service), line))
+    return stamp
+
+
 def _follow(run: Run, stop: threading.Event, since: float) -> None:
     """Every node's output, stdout and stderr (tracebacks, torch's C++ lines and their ``frame #`` backtraces,
     torchrun's banners), into the log; nothing of it to the terminal (``_stream``).
@@ -365,9 +378,7 @@ def _follow(run: Run, stop: threading.Event, since: float) -> None:
                 service, _, rest = raw.rstrip("\n").partition(" | ")
                 if (service.strip(), rest) not in seen:
                     seen.add((service.strip(), rest))
-                    stamp, _, line = rest.partition(" ")
-                    run.log(f"{service.strip()}: {line}")
-                    after = stamp or after
+                    after = _log_line(run, service.strip(), rest) or after
         finally:
             proc.kill()
             proc.wait()

@@ -148,7 +148,7 @@ def store_client(host: str, port: int, timeout_s: float) -> dist.Store:
     if not found:
         raise ClusterError(f"no answer within {timeout_s:g} s")
     if isinstance(found[0], Exception):
-        raise ClusterError(f"failed ({first_line(found[0])[:160]})")
+        raise ClusterError(f"failed ({first_line(found[0], 160)})")
     return found[0]
 
 

@@ -18,7 +18,7 @@ import torch
 
 from app import events
 from app.atomic import atomic_write_bytes
-from app.errors import ClusterError, UsageError, first_line
+from app.errors import ClusterError, UsageError, clip, first_line
 
 FORMAT = 1
 """Version of the checkpoint layout; bumped when the keys change."""
@@ -119,7 +119,7 @@ def load(path: Path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises many types for a truncated or foreign file
-        reason = first_line(error).split(". ")[0][:160]
+        reason = clip(first_line(error).split(". ")[0], 160)
         raise UsageError(
             f"checkpoint {path} is unreadable ({reason}): move it away (--resume auto then "
             "takes the one before it) or choose another --out"

@@ -16,6 +16,9 @@ reached the collective dumps too, while it is still where it hangs.
 After a failed collective, rank 0's roll call (``Watch.explain``) adds what the dumps say: the first
 collective that not every rank joined, its sequence number, the ranks missing from it with their
 hosts, and the line each of those ranks was at (its innermost frame outside torch and Python).
+A rank that wrote no dump (stopped or paused: its watcher cannot run, as under ``docker pause``) cannot
+be placed by the analysis; the line names those ranks instead. ``analysis.txt`` holds what the analysis
+said (its tables need ``tabulate``, a dependency of the app and of the image), then the line.
 
 torch 2.11-2.13's CPU recorder names the default group '' in its pg_config while its entries name
 it '0': torch's analysis then fails (KeyError) on gloo dumps; ``_name_groups`` fills in the name.
@@ -37,11 +40,12 @@ from pathlib import Path
 from torch._C._distributed_c10d import _dump_fr_trace
 
 from app.atomic import atomic_write_text
+from app.train.watch import ranks_text
 
 POLL_S = 0.5
 """How often a rank's watcher looks at its own progress."""
 ANALYSIS = "analysis.txt"
-"""What torch's analysis printed while it read the dumps, in the dumps' folder."""
+"""What torch's analysis printed while it read the dumps, then the line it led to, in the dumps' folder."""
 READ_GRACE_S = 3.0
 """Seconds rank 0 waits for the other ranks' dumps before it reads them."""
 NCCL = "nccl:"
@@ -137,33 +141,52 @@ def _short(file: str) -> str:
 
 
 def read(prefix: Path, world: int, hosts: list[str], wait_s: float = READ_GRACE_S) -> str | None:
-    """What the dumps say, in words (None: no dump, or every collective was joined by every rank)."""
+    """What the dumps say, in words (None: no dump, or every rank dumped and joined every collective). Ranks
+    that wrote no dump (stopped or paused: their watcher cannot run) are named, as torch's analysis cannot
+    place them. The analysis's own words, then this line, go to ANALYSIS in the dumps' folder."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and not all(Path(f"{prefix}{r}").exists() for r in range(world)):
         time.sleep(0.2)
-    if not any(Path(f"{prefix}{r}").exists() for r in range(world)):
+    absent = [r for r in range(world) if not Path(f"{prefix}{r}").exists()]
+    if len(absent) == world:
         return None
-    collective = _first_unjoined(prefix)
-    if collective is None:
-        return None
-    missing = sorted(collective.missing_ranks)
-    where = "; ".join(f"rank {r} on {hosts[r] if r < len(hosts) else '?'} {_where(prefix, r)}" for r in missing)
-    return (
-        f"flight recorder: {collective.collective_name} #{collective.collective_seq_id} (sequence number) of group "
-        f"{collective.pg_desc} was never joined by {where}; dumps in {prefix.parent}"
-    )
+    collective, said = _first_unjoined(prefix)
+    if collective is not None:
+        missing = sorted(collective.missing_ranks)
+        where = "; ".join(f"rank {r} on {_host(hosts, r)} {_where(prefix, r)}" for r in missing)
+        line = (
+            f"flight recorder: {collective.collective_name} #{collective.collective_seq_id} (sequence number) of "
+            f"group {collective.pg_desc} was never joined by {where}; dumps in {prefix.parent}"
+        )
+    elif absent:
+        line = (
+            f"flight recorder: no dump from {_on_hosts(absent, hosts)} (a stopped or paused process writes none), "
+            f"so torch's analysis cannot place them; the other ranks' dumps in {prefix.parent}"
+        )
+    else:
+        line = None
+    with contextlib.suppress(OSError):
+        atomic_write_text(prefix.parent / ANALYSIS, f"{said}{line or 'every rank joined every collective'}\n")
+    return line
+
+
+def _host(hosts: list[str], rank: int) -> str:
+    return hosts[rank] if rank < len(hosts) else "?"
+
+
+def _on_hosts(ranks: list[int], hosts: list[str]) -> str:
+    """``ranks 2-3 on worker-1`` (and ``rank 5 on worker-2``)."""
+    on = dict.fromkeys(_host(hosts, r) for r in ranks)
+    return " and ".join(f"{ranks_text([r for r in ranks if _host(hosts, r) == host])} on {host}" for host in on)
 
 
 def _first_unjoined(prefix: Path):
-    """torch's analysis of the dumps: the first collective with missing ranks, or None. What the analysis
-    says as it goes (its own logger, which writes to the terminal) goes to ANALYSIS in the dumps' folder."""
+    """torch's analysis of the dumps: (the first collective with missing ranks or None, what the analysis said
+    as it went: its own logger, which writes to the terminal, and print)."""
     said = io.StringIO()
-    try:
-        with _said_into(said):
-            return _analyse(prefix)
-    finally:
-        with contextlib.suppress(OSError):
-            atomic_write_text(prefix.parent / ANALYSIS, said.getvalue())
+    with _said_into(said):
+        found = _analyse(prefix)
+    return found, said.getvalue()
 
 
 @contextlib.contextmanager

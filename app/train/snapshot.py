@@ -66,7 +66,7 @@ def _keep_state(trainer, agreed_by: list[int]) -> str:
     """Write this rank's state as the snapshot, atomically; what happened, as the tail of a line."""
     if comm_hooks.has_state(trainer.comm):
         return f"; no emergency snapshot: --comm-hook {trainer.comm.name} keeps state on every rank"
-    state = trainer._state([sync.rng_state(trainer.ctx.device)], [])
+    state = trainer._state([sync.rng_state(trainer.ctx.device)], [], [trainer.epoch_sums()])
     state["snapshot"] = {"agreed_by": agreed_by, "world_size": trainer.world}
     target = path_of(trainer.cfg.output.out)
     try:

@@ -51,11 +51,30 @@ EVAL_BATCH = 1024
 
 @dataclass
 class Position:
-    """Where training stands: the next batch of ``epoch`` to run, and optimizer steps so far."""
+    """Where training stands: the next batch of ``epoch`` to run, and optimizer steps so far.
+
+    ``epoch`` is 0-based, in every record that names one: the epoch whose record (line and metrics.jsonl)
+    is still to come. After its last step the position stays in it (``batch`` = its length) until ``fit``
+    has written its record, so a checkpoint taken between the two resumes into writing that record, and one
+    taken after it into the next epoch: each epoch's record is written once, whatever fails when."""
 
     epoch: int = 0
     batch: int = 0
     step: int = 0
+
+
+@dataclass
+class EpochSums:
+    """What this rank did so far in the current epoch; checkpoints carry it, so that an epoch resumed part-way
+    (or after its last step) has the record of the whole epoch."""
+
+    loss_sum: float = 0.0
+    samples: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+
+    def as_list(self) -> list[float]:
+        return [self.loss_sum, self.samples, self.steps, self.seconds]
 
 
 @dataclass(frozen=True)
@@ -188,6 +207,10 @@ class Trainer:
         """FLOPs of one sample's forward and backward pass (counted on CUDA only, where TFLOP/s and MFU are shown)."""
         self.peak: flops.Peak | None = None
         self.pos = Position()
+        self.carried = EpochSums()
+        """The current epoch's sums from the checkpoint it resumed from (zero: it starts here)."""
+        self._sums = lambda: self.carried
+        """This rank's sums of the current epoch so far, as a checkpoint takes them (``train_epoch`` sets it)."""
         self.last_loss = torch.zeros((), device=ctx.device)
         """This rank's loss of the latest micro-batch (detached; ``.item()`` waits for the device)."""
         self.resumed_from: str | None = None
@@ -210,7 +233,7 @@ class Trainer:
         """What a checkpoint must match to be resumed by this run."""
         return identity(self.cfg, self.data)
 
-    def _state(self, rng: list[dict[str, torch.Tensor]], comm: list[dict]) -> dict:
+    def _state(self, rng: list[dict[str, torch.Tensor]], comm: list[dict], sums: list[list[float]]) -> dict:
         o, scaler = self.cfg.steps, self.precision.scaler
         return {
             **self.identity,
@@ -226,6 +249,7 @@ class Trainer:
             "seed": o.seed,
             "rng": rng,
             "comm_hook": comm,
+            "epoch_sums": sums,
         }
 
     def restore(self, state: dict, source: str) -> None:
@@ -237,7 +261,7 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, KeyError, ValueError) as error:
             raise UsageError(
-                f"checkpoint {source} does not fit this model ({first_line(error)[:200]}): choose another --out"
+                f"checkpoint {source} does not fit this model ({first_line(error, 200)}): choose another --out"
             ) from None
         if self.precision.scaler and state.get("scaler"):
             self.precision.scaler.load_state_dict(state["scaler"])
@@ -247,6 +271,9 @@ class Trainer:
         if restored:
             self.reporter.event("comm_hook", hook=self.comm.name, state=restored)
         self.pos = Position(state["epoch"], state["batch"], state["step"])
+        sums = state.get("epoch_sums") or []  # per rank; an emergency snapshot's: its writer's alone
+        if self.pos.batch and sums:
+            self.carried = EpochSums(*(sums[self.rank] if len(sums) == self.world else sums[0]))
         self._saved_step = self.pos.step
         self.resumed_from = source
 
@@ -273,6 +300,12 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.model.train()
 
+    def restart_count(self) -> int:
+        """torchrun's restart count of this job (a collective): the highest of its ranks' TORCHELASTIC_RESTART_COUNT.
+        A node started again after it was lost runs a new agent, which counts from 0 while the others count on:
+        after a head kill rank 0 alone would say 0 where the job (and the cluster's line) is at restart 1."""
+        return int(sync.all_reduce([self.ctx.proc.restart_count], self.ctx.device, "max", self.ctx.group)[0])
+
     def note_previous_attempt(self, reached: int | None) -> None:
         """Note where this run starts relative to an earlier attempt that reached step ``reached`` (None: unknown)."""
         if self.resumed_from or (reached or 0) > self.pos.step:
@@ -296,10 +329,11 @@ class Trainer:
         group = self.ctx.group
         rng = sync.gather_rng(self.ctx.device, group)
         comm = sync.gather(comm_hooks.state_of(self.comm), group) if comm_hooks.has_state(self.comm) else []
+        sums = sync.gather(self.epoch_sums(), group)
         if self.ctx.proc.is_main:
-            out = self.cfg.output
-            path = checkpoint.save(out.out, self._state(rng, comm), self.pos.step, out.keep_checkpoints)
-            self.reporter.event("checkpoint", step=self.pos.step, epoch=self.pos.epoch, path=str(path))
+            out, pos = self.cfg.output, self.pos
+            path = checkpoint.save(out.out, self._state(rng, comm, sums), pos.step, out.keep_checkpoints)
+            self.reporter.event("checkpoint", step=pos.step, epoch=pos.epoch, batch=pos.batch, path=str(path))
         self._saved_step = self.pos.step
         self._saved_at = time.monotonic()
         self.watch.window.idle += time.perf_counter() - start
@@ -359,12 +393,33 @@ class Trainer:
         self.reporter.ranks(record, line)
         return bool(self._save_every_s) and since_checkpoint >= self._save_every_s
 
+    def epoch_sums(self) -> list[float]:
+        """This rank's sums of the current epoch so far, for a checkpoint (``EpochSums``)."""
+        return self._sums().as_list()
+
     def train_epoch(self) -> EpochStats:
-        """Train from the current position to the end of its epoch, or until --max-steps; what this rank did."""
+        """Train the rest of the current epoch (or until --max-steps) and move on to the next epoch when it is done;
+        what this rank did in the epoch, the part before a resume included. ``fit`` writes the epoch's record
+        between the two (``_train_rest``, ``_next_epoch``)."""
+        stats = self._train_rest()
+        self._next_epoch()
+        return stats
+
+    def _next_epoch(self) -> None:
+        """The epoch's last batch is done and its record written: the position moves to the next epoch."""
+        if self.pos.batch >= len(self.loader):
+            self.pos = Position(self.pos.epoch + 1, 0, self.pos.step)
+            self.carried = EpochSums()
+
+    def _train_rest(self) -> EpochStats:
+        """Train from the current position to the end of its epoch, or until --max-steps; the position stays in
+        the epoch (its last batch done) for its record."""
         epoch, k, total = self.pos.epoch, self.cfg.steps.accum_steps, len(self.loader)
-        loss_sum = torch.zeros((), device=self.ctx.device)
-        samples, steps, stopped = 0, 0, False
-        start = time.perf_counter()
+        carried = self.carried
+        loss_sum = torch.full((), carried.loss_sum, dtype=torch.float32, device=self.ctx.device)
+        samples, steps, stopped = carried.samples, carried.steps, False
+        start = time.perf_counter() - carried.seconds
+        self._sums = lambda: EpochSums(float(loss_sum), samples, steps, time.perf_counter() - start)
         self.watch.new_window()
         clock = self.watch.window
         with self.reporter.bar(epoch, self.cfg.steps.epochs, self.pos.batch, total) as bar:
@@ -387,10 +442,8 @@ class Trainer:
                         break
                     clock = self.watch.window  # a new one after an exchange
                 fetch = time.perf_counter()
-        seconds = time.perf_counter() - start
-        if not stopped or self.pos.batch >= total:
-            self.pos = Position(epoch + 1, 0, self.pos.step)
-        return EpochStats(float(loss_sum), samples, steps, seconds, stopped)
+        sums = self._sums()
+        return EpochStats(sums.loss_sum, sums.samples, sums.steps, sums.seconds, stopped)
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -461,7 +514,7 @@ class Trainer:
         start = {**self.describe(), "resumed_from": self.resumed_from, "position": vars(self.pos)}
         self.reporter.start(start, self.banner(), self.pos.step)
         if self.previous is not None:
-            self.reporter.resumed(self.previous, self.ctx.proc.restart_count)
+            self.reporter.resumed(self.previous, self.restart_count())
         self._saved_at, self._save_every_s = time.monotonic(), out.checkpoint_every_seconds
         self.count_flops()
         record: dict = {}
@@ -469,12 +522,13 @@ class Trainer:
         go_on = not self.finished
         while go_on and self.pos.epoch < o.epochs:
             epoch = self.pos.epoch
-            stats = self.train_epoch()
+            stats = self._train_rest()
             go_on = not stats.stopped
             record = self._epoch_record(epoch, stats)
             totals["samples"] += record["train_samples"]
             totals["seconds"] += record["seconds"]
             self.reporter.epoch(record)
+            self._next_epoch()
             if go_on and out.checkpoint_every_epochs and (epoch + 1) % out.checkpoint_every_epochs == 0:
                 self._save()
         if self._saved_step != self.pos.step:

@@ -241,7 +241,7 @@ class Watch:
         The roll call waits REPORT_GRACE_S, or LOST_PEER_GRACE_S when a peer's connection was lost.
         """
         what, step = self.doing
-        failed = f"the {what} of step {step} failed ({first_line(error)[:160]})"
+        failed = f"the {what} of step {step} failed ({first_line(error, 160)})"
         answered = self._roll_call(completed, LOST_PEER_GRACE_S if lost_peer(error) else REPORT_GRACE_S)
         self.peers_lost = answered is None or len(answered) < self.world
         if answered is None:

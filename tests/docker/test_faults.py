@@ -135,6 +135,8 @@ def test_a_paused_worker_is_named_and_after_unpause_the_job_resumes(fault_run, r
         line,
     )
     assert said and int(said[1]) > FAULT_STEP, line
+    # A paused rank writes no flight-recorder dump: the line says so rather than nothing (issue 25).
+    assert f"; flight recorder: no dump from ranks 2-3 on {worker} (a stopped or paused process" in line, line
 
 
 def test_a_killed_head_is_started_again_and_the_job_ends_as_if_nothing_happened(fault_run, reference):

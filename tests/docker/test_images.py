@@ -80,8 +80,8 @@ def test_cuda_target_refuses_cpu_torch_unless_standin(cuda_image):
 
 
 # What the trims must leave working: TensorBoard's writer (and reading its files back), headless
-# matplotlib, tqdm, DataLoader workers; and the packages left out on purpose (TensorBoard's server,
-# pip, setuptools), absent while all of that works.
+# matplotlib, tqdm, tabulate under torch's flight-recorder analysis, DataLoader workers; and the
+# packages left out on purpose (TensorBoard's server, pip, setuptools), absent while all of that works.
 REPORTS = """
 import importlib.util, torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -91,7 +91,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from tqdm import tqdm
+from torch.distributed.flight_recorder.components import builder
 
+assert builder.tabulate.__module__ == "tabulate", builder.tabulate  # the flight-recorder analysis's tables
 fig, ax = plt.subplots()
 ax.plot([3, 2, 1], label=r"loss $\\alpha$")
 ax.legend()

@@ -72,6 +72,8 @@ def test_the_ranks_that_still_answer_name_the_one_that_stopped(tmp_path, stalled
             cause
         )
         assert "2 of 3 ranks answer" in cause, cause
+        # A stopped rank writes no flight-recorder dump: the line names it rather than saying nothing (issue 25).
+        assert f"; flight recorder: no dump from rank {stalled} on {host} (a stopped or paused process" in cause
 
 
 @pytest.mark.parametrize("slow", [1, 0])

@@ -8,6 +8,7 @@ hand-set RANK/WORLD_SIZE, so there is no port to pick and no free-port race; tor
 import itertools
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -19,14 +20,21 @@ _rdzv_counter = itertools.count()
 
 
 def run_ranks(
-    nproc: int, args: list[str], tmp_path: Path, module: str = "app", timeout: float = TIMEOUT
+    nproc: int,
+    args: list[str],
+    tmp_path: Path,
+    module: str = "app",
+    timeout: float = TIMEOUT,
+    env_of: Callable[[int], dict[str, str]] | None = None,
 ) -> list[subprocess.CompletedProcess]:
-    """Start ``nproc`` processes of ``python -m MODULE ARGS`` as ranks of one job; wait for all."""
+    """Start ``nproc`` processes of ``python -m MODULE ARGS`` as ranks of one job; wait for all.
+    env_of: more environment for a rank, by its rank."""
     rdzv = tmp_path / f"rdzv-{next(_rdzv_counter)}"
     procs = []
     for rank in range(nproc):
         env = _clean_env(
             {"RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(nproc)}
+            | (env_of(rank) if env_of else {})
         )
         cmd = [PYTHON, "-m", module, *args, "--init-method", f"file://{rdzv}"]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))

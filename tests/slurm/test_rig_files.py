@@ -7,11 +7,16 @@ Regenerate the golden file after an intended change (then read its diff):
         print(slurmconf.slurm_conf(build(GOLDEN_TABLES)), end="")' > tests/slurm/golden/slurm.conf
 """
 
+import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from app.errors import UsageError
+from app.runtime import hostlist
 from app.topology import spec
 from tests.rigs.slurm import minicluster, slurmconf
 
@@ -47,7 +52,44 @@ def test_mini_cluster_node_names_match_the_node_line() -> None:
 def test_the_host_renders_the_files_and_compose_gets_their_folder(tmp_path: Path) -> None:
     env = slurmconf.compose_env(spec.build({"job": {"name": "t"}}), "img", tmp_path)
     assert env["SLURM_FILES"] == str(tmp_path.resolve()) and "CLUSTER_SPEC" not in env
-    assert sorted(slurmconf.cluster_files(spec.build({}))) == ["nodenames", "slurm.conf"]
+    assert sorted(slurmconf.cluster_files(spec.build({}))) == ["nodenames", "nodes.yaml", "slurm.conf"]
+
+
+def _node_line_names(conf: str) -> list[str]:
+    line = next(line for line in conf.splitlines() if line.startswith("NodeName="))
+    return hostlist.expand(line.split()[0].removeprefix("NodeName="))
+
+
+@pytest.mark.parametrize("nodes", [1, 3])
+def test_every_node_is_named_alike_by_slurm_its_container_and_its_host(nodes: int) -> None:
+    """Host name = container name = NodeName: app check, the doctor and torchrun name a node as Slurm and
+    docker ps do (issue 25: they said its container id, 2517b8545cf4, while Slurm said t-slurm-node-[1-2])."""
+    files = slurmconf.cluster_files(spec.build({"job": {"name": "t"}, "nodes": {"nodes": nodes}}))
+    services = json.loads(files["nodes.yaml"])["services"]
+    names = _node_line_names(files["slurm.conf"])
+    assert len(names) == nodes and files["nodenames"].split() == names
+    assert [(s["hostname"], s["container_name"]) for s in services.values()] == [(n, n) for n in names]
+    assert all(s["extends"] == {"file": str(slurmconf.COMPOSE_FILE), "service": "node"} for s in services.values())
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="no docker CLI (compose reads the files; no engine needed)")
+def test_compose_reads_the_nodes_as_their_names(tmp_path: Path) -> None:
+    """What compose makes of compose.yaml and nodes.yaml: the template runs nothing, each node runs slurmd under
+    its NodeName with the template's settings (its health check, the init it waits for)."""
+    two = spec.build({"job": {"name": "t"}, "nodes": {"nodes": 2}})
+    for name, text in slurmconf.cluster_files(two).items():
+        (tmp_path / name).write_text(text)
+    env = {**os.environ, **slurmconf.compose_env(two, "img", tmp_path)}
+    files = ["-f", str(slurmconf.COMPOSE_FILE), "-f", str(tmp_path / slurmconf.NODES_FILE)]
+    cmd = ["docker", "compose", *files, "-p", slurmconf.project(two), "config", "--format", "json"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    services = json.loads(done.stdout)["services"]
+    assert services["node"]["scale"] == 0
+    for name in ("t-slurm-node-1", "t-slurm-node-2"):
+        node = services[name.removeprefix("t-slurm-")]
+        assert (node["hostname"], node["container_name"], node["command"]) == (name, name, ["slurm-daemon", "node"])
+        assert "init" in node["depends_on"] and node["healthcheck"]["test"][1:] == ["slurm-daemon", "ready", "node"]
 
 
 SCONTROL = (

@@ -30,6 +30,8 @@ def test_check_runs_four_ranks_on_two_nodes(slurm_cluster: SlurmCluster, style: 
     for rank in report["ranks"]:
         by_host.setdefault(rank["host"], []).append(rank["local_rank"])
     assert sorted(by_host.values()) == [[0, 1], [0, 1]], f"want 2 ranks on each of 2 hosts: {by_host}"
+    nodes = [f"{slurm_cluster.project}-node-{i}" for i in (1, 2)]
+    assert sorted(by_host) == nodes, f"the hosts named as Slurm names its nodes: {by_host}"  # not container ids
     assert f"COMPLETED on {slurm_cluster.project}-node-[1-2]" in proc.stdout
 
 

@@ -10,6 +10,8 @@ import pickle
 import shutil
 from pathlib import Path
 
+import pytest
+
 from app.train import flight
 
 GOLDEN = Path(__file__).parent / "golden" / "flight"
@@ -42,3 +44,37 @@ def test_dumps_of_a_backend_the_analysis_refuses_are_read_under_nccls_name_and_n
     line = flight.read(_dumps(tmp_path, backend="mybackend"), 3, HOSTS, wait_s=0)
     assert line is not None and line.startswith("flight recorder: mybackend:all_reduce #17 (sequence number)"), line
     assert "was never joined by rank 1 on node1" in line
+
+
+def test_the_analysis_prints_with_tabulate_and_its_words_and_the_line_go_to_analysis_txt(tmp_path) -> None:
+    """The analysis reads tabulate (a dependency of the app, in the image too): without it, it says only that
+    tabulate is missing; analysis.txt holds what it said about the collective and, last, the line."""
+    from torch.distributed.flight_recorder.components import builder
+
+    assert builder.tabulate.__module__ == "tabulate", "tabulate is not installed: pip install -e ."
+    line = flight.read(_dumps(tmp_path), 3, HOSTS, wait_s=0)
+    said = (tmp_path / flight.ANALYSIS).read_text()
+    assert "tabulate is not installed" not in said
+    assert "Not all ranks joining collective, sequence number: 17" in said and "missing ranks: {1}" in said, said
+    assert said.splitlines()[-1] == line
+
+
+@pytest.mark.parametrize("silent", [[1], [1, 2]])
+def test_ranks_that_wrote_no_dump_are_named_in_the_flight_recorders_part(tmp_path, silent) -> None:
+    """A paused or stopped rank writes no dump: torch's analysis cannot place it, and the line says which
+    ranks are missing rather than nothing (issue 25: a paused worker's line had no flight-recorder part)."""
+    prefix = _dumps(tmp_path)
+    for rank in silent:
+        (tmp_path / f"fr-rank{rank}").unlink()
+    line = flight.read(prefix, 3, HOSTS, wait_s=0)
+    named = " and ".join(f"rank {r} on node{r}" for r in silent)
+    assert line == (
+        f"flight recorder: no dump from {named} (a stopped or paused process writes none), so torch's analysis "
+        f"cannot place them; the other ranks' dumps in {tmp_path}"
+    )
+    assert (tmp_path / flight.ANALYSIS).read_text().splitlines()[-1] == line
+
+
+def test_no_line_without_any_dump(tmp_path) -> None:
+    assert flight.read(tmp_path / "fr-rank", 3, HOSTS, wait_s=0) is None
+    assert not (tmp_path / flight.ANALYSIS).exists()

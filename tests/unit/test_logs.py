@@ -96,3 +96,11 @@ def test_lines_another_process_appends_count_as_written(tmp_path, capsys) -> Non
         log.fail("the job failed", 1)
     assert f"[exit 1; log {tmp_path / 'cluster.log'}]" in capsys.readouterr().err
     assert "head: a node's line" in (tmp_path / "cluster.log").read_text()
+
+
+def test_plain_drops_escape_codes_redrawn_parts_and_empty_lines() -> None:
+    assert logs.plain("a\x1b[Kb \x1b[1;31mred\x1b[0m \x1b]0;title\x07end") == "ab red end"
+    assert logs.plain("\r 10%|#   \r 50%|### \r") == " 50%|###"  # a redrawn bar: its last drawing
+    assert logs.plain("one\n\n\x1b[K\n two  \n") == "one\n two"
+    assert logs.node_line("n", "\x1b[K") is None and logs.node_line("n", "") is None
+    assert logs.node_line("n", "x\x1b[K") == "n: x"

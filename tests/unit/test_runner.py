@@ -397,3 +397,22 @@ def test_cluster_logs_prints_each_event_after_the_nodes_output(tmp_path):
     assert line.startswith("events | ") and line.endswith(
         'demo-worker-1 rank 3: worker_failed local_rank=1 exitcode=-9 message="" attempt=0'
     )
+
+
+# --- the command's log (logs/cluster.log): every node named alike, plain text, no empty lines
+
+
+def test_the_log_names_every_node_by_its_container_and_holds_plain_lines_only(run, capsys):
+    """compose logs prefixes a node by its service (``head-1``) or its container (``demo-worker-1``); the log names
+    each as docker ps does, without terminal escape codes, and a line with nothing to say is not written (issue 25:
+    ``head-1:`` beside ``ddp-cluster-worker-1:``, 60 ``\\x1b[K``, 24 bare ``: `` lines)."""
+    for service, rest in [
+        ("head-1", "2026-11-22T12:15:03.1Z train: epoch 1/2\x1b[K"),
+        ("demo-worker-1", "2026-11-22T12:15:03.2Z \x1b[31mW1122 a warning\x1b[0m"),
+        ("", ""),  # a blank line of compose logs
+        ("head-1", "2026-11-22T12:15:03.3Z \x1b[K"),
+    ]:
+        runner._log_line(run, service, rest)
+    assert run.log_file.read_text() == "demo-head-1: train: epoch 1/2\ndemo-worker-1: W1122 a warning\n"
+    run.log("compose up: exit 0: \x1b[1mContainer demo-head-1\x1b[0m  Started\x1b[K\n\n")
+    assert run.log_file.read_text().splitlines()[-1] == "compose up: exit 0: Container demo-head-1  Started"

@@ -25,11 +25,13 @@ def test_of_survivors_a_step_apart_the_lowest_rank_that_completed_the_newest_kee
     writer.ctx = SimpleNamespace(device=torch.device("cpu"))
     writer.cfg = SimpleNamespace(output=SimpleNamespace(out=tmp_path))
     writer.world = 4
-    writer._state = lambda rng, comm: {**IDENTITY, "step": 25, "rng": rng, "comm_hook": comm}
+    writer.epoch_sums = lambda: [12.5, 40, 5, 0.5]
+    writer._state = lambda rng, comm, sums: {**IDENTITY, "step": 25, "rng": rng, "comm_hook": comm, "epoch_sums": sums}
     target = snapshot.path_of(tmp_path)
     assert snapshot.write(writer) == f"; rank 2 kept step 25 in {target}"
     kept = torch.load(target, weights_only=True)
     assert kept["step"] == 25 and kept["snapshot"] == {"agreed_by": [2, 3], "world_size": 4}
+    assert kept["epoch_sums"] == [[12.5, 40, 5, 0.5]]  # the writer's sums of the epoch so far
 
 
 def test_with_no_answers_nothing_is_written(tmp_path: Path) -> None:

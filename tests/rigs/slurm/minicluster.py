@@ -37,7 +37,7 @@ from app.topology import compose, slurm
 from app.topology.spec import ClusterSpec
 from tests.rigs.slurm import slurmconf
 
-COMPOSE_FILE = Path(__file__).with_name("compose.yaml")
+COMPOSE_FILE = slurmconf.COMPOSE_FILE
 STATE_DIR = Path("build/slurm")
 """Where the host renders each mini-cluster's files (slurm.conf, node names), in a folder per project."""
 JOB_DIR = "/results/slurm"
@@ -76,8 +76,13 @@ class MiniCluster:
             atomic_write_text(self.folder / name, text)
 
     def compose(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+        """``docker compose`` of the project: compose.yaml and the rendered nodes (rendered first if missing)."""
+        nodes = self.folder / slurmconf.NODES_FILE
+        if not nodes.is_file():
+            self.render()
         env = {**os.environ, **slurmconf.compose_env(self.spec, self.image, self.folder)}
-        cmd = ["docker", "compose", "-f", str(COMPOSE_FILE), "-p", self.project, *args]
+        files = ["-f", str(COMPOSE_FILE), "-f", str(nodes)]
+        cmd = ["docker", "compose", *files, "-p", self.project, *args]
         return _run(cmd, timeout, check, env=env)
 
     def attach(self) -> None:
@@ -116,7 +121,7 @@ def up(mc: MiniCluster) -> int:
     start = time.monotonic()
     mc.render()
     wait = ["--wait", "--wait-timeout", str(UP_TIMEOUT_S)]
-    proc = mc.compose("up", "--detach", *wait, timeout=UP_TIMEOUT_S + 60, check=False)
+    proc = mc.compose("up", "--detach", "--remove-orphans", *wait, timeout=UP_TIMEOUT_S + 60, check=False)
     if proc.returncode != 0:
         print(mc.compose("logs", "--no-color", "--tail", "5", check=False).stdout, end="")
         why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]

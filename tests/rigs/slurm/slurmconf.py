@@ -4,13 +4,16 @@ once and the init service copies into /etc/slurm.
 
     make slurm-up NODES=2                   # python3 -m tests.rigs.slurm.minicluster up: renders them here
 
-The controller's host name is ``slurmctld``; compose names the compute nodes
-``<name>-slurm-node-<i>``, which the engine's DNS resolves, and slurm.conf uses those names, so
-SLURM_JOB_NODELIST holds names that every node can reach. Each node offers
+The controller's host name is ``slurmctld``; each compute node is a service of the rendered
+``nodes.yaml`` (extending compose.yaml's template ``node``) whose host name and container name are
+its NodeName, ``<name>-slurm-node-<i>``: the engine's DNS resolves it, slurm.conf uses it, so
+SLURM_JOB_NODELIST holds names that every node can reach, and what runs on a node (app check, the
+doctor, torchrun) names its host as Slurm and ``docker ps`` do. Each node offers
 nproc_per_node x cpus_per_rank CPUs; its memory is not scheduled (``CR_CPU``).
 """
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -18,6 +21,9 @@ from app.errors import UsageError
 from app.topology import compose
 from app.topology.spec import ClusterSpec
 
+COMPOSE_FILE = Path(__file__).with_name("compose.yaml")
+NODES_FILE = "nodes.yaml"
+"""The compute nodes as compose services, rendered beside slurm.conf (``nodes_file``)."""
 CONTROLLER = "slurmctld"
 """Host name of the controller container (slurm.conf's SlurmctldHost)."""
 REAL_MEMORY_MB = 1024
@@ -64,7 +70,6 @@ def compose_env(spec: ClusterSpec, image: str, folder: Path) -> dict[str, str]:
     return {
         "COMPOSE_PROJECT_NAME": project(spec),
         "SLURM_IMAGE": image,
-        "NODES": str(spec.nodes.nodes),
         "SLURM_FILES": os.fspath(Path(folder).resolve()),
         "SLURM_CONF_DIGEST": hashlib.sha256(slurm_conf(spec).encode()).hexdigest()[:16],
         "STOP_GRACE": f"{compose.STOP_GRACE_S}s",
@@ -120,6 +125,25 @@ def slurm_conf(spec: ClusterSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
+def nodes_file(spec: ClusterSpec) -> str:
+    """The compute nodes as compose services (JSON, which compose reads as YAML): each extends the template
+    ``node`` with its NodeName as host name and container name."""
+    template = {"file": os.fspath(COMPOSE_FILE), "service": "node"}
+    nodes = {
+        name: {"extends": template, "scale": 1, "hostname": name, "container_name": name} for name in node_names(spec)
+    }
+    return (
+        json.dumps(
+            {"services": {name.removeprefix(f"{project(spec)}-"): node for name, node in nodes.items()}}, indent=2
+        )
+        + "\n"
+    )
+
+
 def cluster_files(spec: ClusterSpec) -> dict[str, str]:
-    """What the init service copies into /etc/slurm, by file name."""
-    return {"slurm.conf": slurm_conf(spec), "nodenames": "".join(f"{name}\n" for name in node_names(spec))}
+    """What the host renders: what the init service copies into /etc/slurm, and the nodes' compose file."""
+    return {
+        "slurm.conf": slurm_conf(spec),
+        "nodenames": "".join(f"{name}\n" for name in node_names(spec)),
+        NODES_FILE: nodes_file(spec),
+    }
