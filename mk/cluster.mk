@@ -34,10 +34,9 @@ CHECK_ARGS ?=
 # Where results land: RESULTS, else the cluster runner's default (asked of the app, not restated).
 RESULTS ?= $(shell PYTHONPATH=$(CURDIR) $(PYTHON) -c 'from app.orchestrate.runner import RESULTS_DIR; print(RESULTS_DIR)')
 
-# The nodes' image: IMAGE, else IMAGE_NAME in the flavour the spec needs, which the app decides (its contract:
-# cuda with GPUS_PER_NODE > 0, else cpu; a spec that fails here is reported by the command that follows).
-FLAVOUR = $(shell $(APP) topology $(SPEC_FLAGS) --format flavour 2>/dev/null)
-IMAGE ?= $(IMAGE_NAME):$(FLAVOUR)
+# The nodes' image: IMAGE (yours, not built), else IMAGE_NAME in the flavour the spec needs, which the app
+# decides once it has checked the spec (its contract: cuda with GPUS_PER_NODE > 0, else cpu) and builds then.
+IMAGE ?=
 
 # The host side of the images needs no torch and no dev tools: the builder is stdlib Python, and
 # a small venv of its own (made by the builder) holds pip (the wheelhouse's downloads) and compose v2.
@@ -63,7 +62,12 @@ LOCAL_NPROC = $(or $(NPROC_PER_NODE),$(shell $(APP) topology --format nproc-per-
 JOB_FLAGS = $(if $(SCRIPT),--script $(call quote,$(SCRIPT)) $(call knob,--args,$(ARGS)),$(call knob,--command,$(JOB)))
 # The cluster runner is the app's own (stdlib only): the host needs no venv to run the cluster.
 APP = PYTHONPATH=$(CURDIR) $(PYTHON) -m app
-CLUSTER_RUN = $(APP) cluster $(1) --results $(RESULTS) $(SPEC_FLAGS) --image $(call quote,$(IMAGE))
+CLUSTER_RUN = $(APP) cluster $(1) --results $(RESULTS) $(SPEC_FLAGS) --image-name $(IMAGE_NAME) $(call knob,--image,$(IMAGE))
+# A cluster job's image build, which the runner starts once the spec is checked (it adds --flavour): none with IMAGE.
+IMAGE_BUILD_COMMAND = env PYTHONPATH=$(CURDIR)/docker $(PYTHON) -m imagebuild image $(IMAGE_FLAGS)
+CLUSTER_BUILD = $(if $(IMAGE),,--build $(call quote,$(IMAGE_BUILD_COMMAND)))
+# A cluster job: the spec parsed and checked once (a bad knob fails before any build), the image, the job.
+CLUSTER_JOB = $(PYTHON_RUNS) && $(call CLUSTER_RUN,up) $(CLUSTER_BUILD)
 
 .PHONY: engine
 engine: ## Install (Debian: docker.io + compose v2) and start the Docker engine if missing.
@@ -73,23 +77,23 @@ engine: ## Install (Debian: docker.io + compose v2) and start the Docker engine 
 base: ## Build the offline base image LOCAL_BASE_IMAGE (debootstrap + docker import), with the engine.
 	@$(IMAGE_BUILD) base $(BASE_FLAGS)
 
-# The knobs' spec is checked first, in about a second: a bad knob fails before the engine or an image is readied.
+# The knobs' spec, checked alone (a cluster target checks it itself, before the engine or an image is readied).
 .PHONY: cluster-spec
-cluster-spec: ## Check the cluster spec of the knobs (NODES, JOB, ...): every cluster and image target does it first.
-	@$(PYTHON_RUNS) && $(APP) topology $(SPEC_FLAGS) $(JOB_FLAGS) --image $(call quote,$(IMAGE)) --format compose >/dev/null
+cluster-spec: ## Check the cluster spec of the knobs (NODES, JOB, ...) alone; the cluster targets check it first themselves.
+	@$(PYTHON_RUNS) && $(APP) topology $(SPEC_FLAGS) $(JOB_FLAGS) $(call knob,--image,$(IMAGE)) --format compose >/dev/null
 
 # The image targets make the engine and the base ready themselves, while the wheelhouse fills.
 .PHONY: image-cpu
-image-cpu: cluster-spec ## Build IMAGE_NAME:cpu (BASE=auto|upstream|local), with the engine and base it needs.
+image-cpu: ## Build IMAGE_NAME:cpu (BASE=auto|upstream|local), with the engine and base it needs.
 	@$(IMAGE_BUILD) image --flavour cpu $(IMAGE_FLAGS)
 
 .PHONY: image-cuda
-image-cuda: cluster-spec ## Build IMAGE_NAME:cuda (offline: a stand-in on the local base with CPU torch).
+image-cuda: ## Build IMAGE_NAME:cuda (offline: a stand-in on the local base with CPU torch).
 	@$(IMAGE_BUILD) image --flavour cuda $(IMAGE_FLAGS)
 
 .PHONY: cluster-image
-cluster-image: cluster-spec ## Build the image the cluster's nodes need: IMAGE_NAME:cuda with GPUS_PER_NODE > 0, else :cpu.
-	@$(IMAGE_BUILD) image --flavour $(FLAVOUR) $(IMAGE_FLAGS)
+cluster-image: ## Build the image the cluster's nodes need: IMAGE_NAME:cuda with GPUS_PER_NODE > 0, else :cpu.
+	@$(PYTHON_RUNS) && flavour=$$($(APP) topology $(SPEC_FLAGS) --format flavour) && $(IMAGE_BUILD) image --flavour $$flavour $(IMAGE_FLAGS)
 
 .PHONY: images
 images: image-cpu image-cuda ## Build both workload images (cpu and cuda flavours).
@@ -99,16 +103,16 @@ images-test: BASE = local
 images-test: images ## Build both images offline, as CI does (BASE=local).
 
 .PHONY: cluster-up
-cluster-up: cluster-spec cluster-image ## Start NODES x NPROC_PER_NODE containers, run JOB (or SCRIPT), stream rank 0, print the summary.
-	@$(call CLUSTER_RUN,up) $(JOB_FLAGS)
+cluster-up: ## Start NODES x NPROC_PER_NODE containers, run JOB (or SCRIPT), stream rank 0, print the summary.
+	@$(CLUSTER_JOB) $(JOB_FLAGS)
 
 .PHONY: cluster-check
-cluster-check: cluster-spec cluster-image ## Run `app check` across the cluster containers (torchrun, gloo).
-	@$(call CLUSTER_RUN,up) --command 'check --json /results/check.json $(CHECK_ARGS)'
+cluster-check: ## Run `app check` across the cluster containers (torchrun, gloo).
+	@$(CLUSTER_JOB) --command 'check --json /results/check.json $(CHECK_ARGS)'
 
 .PHONY: cluster-mpi
-cluster-mpi: cluster-spec cluster-image ## Run `app check` (or MPI_JOB/SCRIPT) with mpirun over SSH (compose profile mpi).
-	@$(call CLUSTER_RUN,up) --launcher mpirun $(if $(SCRIPT),$(JOB_FLAGS),--command $(call quote,$(MPI_JOB)))
+cluster-mpi: ## Run `app check` (or MPI_JOB/SCRIPT) with mpirun over SSH (compose profile mpi).
+	@$(CLUSTER_JOB) --launcher mpirun $(if $(SCRIPT),$(JOB_FLAGS),--command $(call quote,$(MPI_JOB)))
 
 .PHONY: cluster-logs
 cluster-logs: ## Show every cluster container's output (all ranks, init, sshd).

@@ -45,7 +45,9 @@ Results are copied to --results.
 
 import argparse
 import contextlib
+import dataclasses
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -516,6 +518,12 @@ class ClusterFlags:
     """Results go here."""
     state_dir: Path = field(default=Path("build/cluster"), metadata=flag(metavar="DIR"))
     """Rendered files, logs."""
+    image_name: str | None = field(default=None, metadata=flag(metavar="NAME"))
+    """Without --image: the image is NAME:cpu, or NAME:cuda with --gpus-per-node > 0 (default: IMAGE_NAME of
+    docker/versions.env)."""
+    build: str | None = field(default=None, metadata=flag(metavar="COMMAND"))
+    """up: once the spec is checked, build the image with COMMAND plus ``--flavour cpu|cuda`` (the spec's) before
+    the nodes start (make cluster-up gives the image builder)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -527,6 +535,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _prepare(args: argparse.Namespace) -> Run:
     """The spec, checked once, and every file the cluster needs, rendered once into STATE_DIR/NAME/."""
     spec = topology.spec_from_args(args)
+    if getattr(args, "image", None) is None and args.image_name:  # (spec flags are absent unless given)
+        image = f"{args.image_name}:{contract.flavour(spec.nodes.gpus_per_node)}"
+        spec = dataclasses.replace(spec, job=dataclasses.replace(spec.job, image=image))
     folder = (args.state_dir / spec.job.name).resolve()
     for name, text in compose.cluster_files(spec, folder).items():
         atomic_write_text(folder / name, text)
@@ -704,7 +715,22 @@ def run(args: argparse.Namespace) -> int:
         for record in records:  # what happened to the jobs, after what their nodes said
             print(describe_event(record))
         return status
+    if args.build:
+        _build(args.build, contract.flavour(job.spec.nodes.gpus_per_node))
     return _up(job, args.results)
+
+
+def _build(command: str, flavour: str) -> None:
+    """Build the image the spec's nodes need: COMMAND with ``--flavour FLAVOUR``; its own lines are the user's."""
+    argv = [*shlex.split(command), "--flavour", flavour]
+    try:
+        status = subprocess.run(argv, check=False).returncode
+    except OSError as error:
+        raise UsageError(
+            f"--build {command!r} does not run ({error.strerror}): give a command that builds the image"
+        ) from None
+    if status != 0:
+        raise ClusterError(f"the image build (--build) failed with exit status {status}; its lines are above", status)
 
 
 def describe_event(record: dict) -> str:

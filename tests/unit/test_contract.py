@@ -7,9 +7,11 @@ contract changed here changes their output). No containers run.
     .venv/bin/python -m pytest tests/unit/test_contract.py -q
 """
 
+import argparse
 import ast
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ import yaml
 
 from app import cli, contract
 from app.diagnostics import gate
-from app.errors import UsageError
+from app.errors import ClusterError, UsageError
 from app.node import agent
 from app.orchestrate import runner
 from app.runtime import launcher
@@ -199,18 +201,31 @@ def test_the_files_that_cannot_import_the_contract_carry_its_paths() -> None:
     assert defaults == {contract.CLUSTER_DIR}
 
 
-@pytest.mark.parametrize(
-    ("knobs", "flavour"),
-    [((), "cpu"), (("GPUS_PER_NODE=8", "NPROC_PER_NODE=8"), "cuda"), (("SPEC={gpu_spec}",), "cuda")],
-)
-def test_make_builds_and_runs_the_flavour_the_app_names(tmp_path, knobs: tuple[str, ...], flavour: str) -> None:
-    """make asks the app for the flavour (a spec file's GPUs count too), for the image it builds and the one it runs."""
-    gpu_spec = tmp_path / "gpu.toml"
-    gpu_spec.write_text("[nodes]\ngpus_per_node = 4\nnproc_per_node = 4\n")
-    args = [knob.format(gpu_spec=gpu_spec) for knob in knobs]
-    cmd = ["make", "--no-print-directory", "-n", "cluster-up", *args]
+def test_make_leaves_the_flavour_to_the_app_and_builds_through_it() -> None:
+    """make cluster-up parses no spec itself: it gives the runner the image's name and the build command, and the
+    runner (which checks the spec once) picks the flavour; with IMAGE (the user's own) nothing is built."""
+    cmd = ["make", "--no-print-directory", "-n", "cluster-up", "GPUS_PER_NODE=8", "NPROC_PER_NODE=8", "IMAGE_NAME=x"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
-    name = contract.versions()["IMAGE_NAME"]
-    assert f"image --flavour {flavour} " in done.stdout
-    assert done.stdout.count(f"--image '{name}:{flavour}'") == 2  # the spec's check and the cluster's run
+    [line] = [line for line in done.stdout.splitlines() if "-m app cluster up" in line]
+    assert "--image-name x " in line and "--build 'env PYTHONPATH=" in line and "-m imagebuild image " in line
+    assert "topology" not in done.stdout and "--flavour" not in line  # the one parse is the runner's
+    mine = subprocess.run([*cmd, "IMAGE=mine:1"], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert "--image 'mine:1'" in mine.stdout and "--build" not in mine.stdout
+
+
+@pytest.mark.parametrize(("gpus", "flavour"), [("0", "cpu"), ("8", "cuda")])
+def test_the_runner_builds_the_flavour_of_the_spec_it_checked(tmp_path, gpus: str, flavour: str) -> None:
+    """``--build COMMAND`` runs COMMAND with the spec's flavour; ``--image-name`` names the image of that flavour."""
+    parser = argparse.ArgumentParser()
+    runner.add_arguments(parser)
+    args = parser.parse_args(["up", "--state-dir", str(tmp_path), "--gpus-per-node", gpus, "--nproc-per-node", "1",
+                              "--image-name", "x"])  # fmt: skip
+    args.verbose = False  # (app's own flag, added by app/cli.py)
+    assert runner._prepare(args).spec.job.image == f"x:{flavour}"
+    seen = tmp_path / "argv"
+    runner._build(f"{sys.executable} -c 'import sys; open(sys.argv[1], \"w\").write(sys.argv[2] + sys.argv[3])' {seen}",
+                  flavour)  # fmt: skip
+    assert seen.read_text() == f"--flavour{flavour}"
+    with pytest.raises(ClusterError, match="exit status 3"):
+        runner._build(f"{sys.executable} -c 'raise SystemExit(3)'", flavour)

@@ -40,7 +40,7 @@ def make(bin_dir: Path, *args: str) -> subprocess.CompletedProcess:
     [
         ("cluster-up", ["NODES=0"], "error: --nodes 0 must be >= 1"),
         ("cluster-check", ["NODES=17"], "error: --nodes 17: the mini-cluster is for one machine; use at most 16"),
-        ("image-cpu", ["NPROC_PER_NODE=-1"], "error: --nproc-per-node -1 must be >= 1"),
+        ("cluster-mpi", ["NPROC_PER_NODE=-1"], "error: --nproc-per-node -1 must be >= 1"),
         ("cluster-links", ["CLUSTER=Bad_Name"], "error: --name 'Bad_Name' must be lowercase"),
     ],
 )
