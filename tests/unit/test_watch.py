@@ -49,11 +49,12 @@ def test_lost_peers_and_timeouts_are_collective_failures_but_bugs_are_not():
     assert not collective_failed(ValueError("Timed out"))
 
 
-def test_a_straggler_is_named_once_it_is_the_slowest_twice_in_a_row():
+def test_a_straggler_is_named_once_it_is_the_slowest_at_five_exchanges_in_a_row():
     namer = StragglerNamer()
-    # Noise: the slowest rank changes at every exchange, so none is named.
-    assert [namer.name(r) for r in (2, 0, 2, None, 1, 3)] == [False] * 6
-    # Rank 3 stays the slowest: named at its second exchange, then not again while it stays.
-    assert [namer.name(r) for r in (3, 3, 3)] == [True, False, False]
+    # Noise: the slowest rank changes at every exchange, or stays for fewer than five, so none is named.
+    assert [namer.name(r) for r in (2, 0, 2, 2, None, 1, 3, 3, 3, 3, 1)] == [False] * 11
+    # Rank 3 stays the slowest: named at its fifth exchange, then not again while it stays.
+    assert [namer.name(r) for r in (3,) * 7] == [False] * 4 + [True, False, False]
     # Another rank takes its place for good: named; after a window with none over, rank 3 again.
-    assert [namer.name(r) for r in (1, 1, None, 3, 3)] == [False, True, False, False, True]
+    assert [namer.name(r) for r in (1,) * 5] == [False] * 4 + [True]
+    assert [namer.name(r) for r in (None, *(3,) * 5)] == [False] * 5 + [True]
