@@ -64,24 +64,21 @@ def test_the_jobs_figures_are_the_best_of_its_nodes_records_device_by_device() -
     assert [d.flops for d in gate.job_figures(node, [node, gpus(710, 300), [CPU_START]])] == [710e12, 700e12]
 
 
-def test_nodes_that_share_the_records_folder_measure_one_at_a_time(tmp_path) -> None:
-    # Another node (here this test) holds the folder's lock: a node's measurement waits until it is released.
-    entered = threading.Event()
-
-    def measure_alone() -> None:
-        with gate.alone(tmp_path / "gate"):
-            entered.set()
-
-    (tmp_path / "gate").mkdir()
-    with (tmp_path / "gate" / gate.MEASURE_LOCK).open("w") as held:
+def test_nodes_that_share_the_records_folder_measure_one_at_a_time(tmp_path, monkeypatch) -> None:
+    # Another node (here this test) holds the folder's lock: this node's measurement waits until it is released.
+    measured = threading.Event()
+    monkeypatch.setattr(gate.health, "measure", lambda device, seconds: measured.set() or cpu(80e9))
+    folder = tmp_path / "gate"
+    folder.mkdir()
+    with (folder / gate.MEASURE_LOCK).open("w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        other = threading.Thread(target=measure_alone)
+        other = threading.Thread(target=gate.measure, args=(1.0, folder))
         other.start()
-        assert not entered.wait(1.0), "measured while another node held the lock"
+        assert not measured.wait(1.0), "measured while another node held the lock"
     other.join(60)
-    assert entered.is_set()
-    with gate.alone(None):  # no folder: measured without a lock
-        pass
+    assert measured.is_set()
+    measured.clear()
+    assert gate.measure(1.0) == [cpu(80e9)] and measured.is_set()  # no folder: measured without a lock
 
 
 def test_of_two_measurements_each_figure_keeps_its_better_value() -> None:
