@@ -77,16 +77,16 @@ def test_the_ranks_that_still_answer_name_the_one_that_stopped(tmp_path, stalled
 @pytest.mark.parametrize("slow", [1, 0])
 def test_the_slowest_rank_is_named_in_metrics_and_on_the_console(tmp_path, slow):
     out = tmp_path / "out"
-    hooks = ["--sleep-rank", str(slow), "--sleep-ms", "40"]
+    hooks = ["--sleep-rank", str(slow), "--sleep-ms", "200"]  # deep: a busy machine adds ms, not 100s of ms
     train_args = synthetic(out, "--train-samples", "640", "--epochs", "1", "--batch-size", "8", "--exchange-every", "5")
     procs = start_ranks(2, hooks, [*train_args, "--no-quiet", "--straggler-percent", "50"], tmp_path)
     results = [p.communicate(timeout=TIMEOUT) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
     ranks = [m for m in metrics(out) if m["event"] == "ranks"]
     assert [m["step"] for m in ranks] == [5, 10, 15, 20, 25, 30, 35, 40], ranks
-    # The sleeping rank is busy ~40 ms longer per step; every other rank waits for it in the all-reduce.
+    # The sleeping rank is busy ~200 ms longer per step; every other rank waits for it in the all-reduce.
     assert all(m["slowest_rank"] == slow and m["slowest_host"] == socket.gethostname() for m in ranks), ranks
-    assert all(m["busy_ms"][slow] > m["busy_ms"][1 - slow] + 20 for m in ranks), ranks
+    assert all(m["busy_ms"][slow] > m["busy_ms"][1 - slow] + 100 for m in ranks), ranks
     said = [line for line in results[0][0].splitlines() if "(a straggler)" in line]
     assert len(said) == 1 and said[0].startswith(f"train: rank {slow} on "), results[0][0][-3000:]
 
