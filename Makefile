@@ -68,7 +68,7 @@ readme-spec: ## Rewrite the table of the cluster spec's keys (docs/engines.md) f
 .PHONY: lint
 lint: venv host-deps ## Lint: ruff (check + format), yamllint, ansible-lint (production), hadolint, shellcheck.
 	$(PY) -m ruff check .
-	$(PY) -m ruff format --check app tests cluster
+	$(PY) -m ruff format --check app tests examples
 	$(VENV)/bin/yamllint -s .
 	cd ansible && ../$(VENV)/bin/ansible-lint
 	$(VENV)/bin/hadolint $(DOCKERFILES)
@@ -82,18 +82,25 @@ lint: venv host-deps ## Lint: ruff (check + format), yamllint, ansible-lint (pro
 test-unit: venv ## Unit tests only (seconds).
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-TEST_SELECTION = -m 'not noise'
+# make test's pytest workers (pytest-xdist): the container suites wait on the engine most of the time,
+# so they run beside the process suites; a module's tests stay on one worker (--dist loadscope).
+TEST_WORKERS ?= 3
+TEST_SELECTION = -m 'not noise' -n $(TEST_WORKERS) --dist loadscope
 
 .PHONY: test-noise
 test-noise: venv engine ## Tests that judge verdicts on real measurement noise (marked noise; not in make test).
 	$(PY) -m pytest -m noise $(PYTEST_ARGS)
 
 .PHONY: test
-test: venv host-deps lint $(TEST_PREREQS) ## Lint, then every test but the noise ones: unit, real processes, containers, Ansible (sets up what it needs).
-	@mkdir -p build/logs; log=build/logs/test-background.log; : >$$log; \
+test: venv host-deps lint ## Lint, then every test but the noise ones: unit, real processes, containers, Ansible (sets up what it needs).
+	@start=$$EPOCHSECONDS; $(MAKE) --no-print-directory engine base; \
+	$(MAKE) --no-print-directory -j3 --output-sync=target $(TEST_PREREQS); \
+	echo "test: engine, base and images ready in $$((EPOCHSECONDS - start)) s"
+	@mkdir -p build/logs; log=build/logs/test-background.log; : >$$log; start=$$EPOCHSECONDS; \
 	$(if $(TEST_BACKGROUND),$(MAKE) --no-print-directory $(TEST_BACKGROUND) >$$log 2>&1 &,true &) background=$$!; \
 	echo "$(PY) -m pytest --durations=40 $(TEST_SELECTION) $(PYTEST_ARGS)  (beside it: make $(TEST_BACKGROUND), log $$log)"; \
-	$(PY) -m pytest --durations=40 $(TEST_SELECTION) $(PYTEST_ARGS); status=$$?; \
+	$(PY) -m pytest --durations=40 $(TEST_SELECTION) $(PYTEST_ARGS) && status=0 || status=$$?; \
+	echo "test: pytest took $$((EPOCHSECONDS - start)) s"; \
 	wait $$background || { echo "error: make $(TEST_BACKGROUND) failed: see $$log" >&2; exit 1; }; \
 	[ $$status -eq 0 ] || exit $$status; \
 	for target in $(EXTRA_TESTS); do $(MAKE) --no-print-directory $$target || exit 1; done

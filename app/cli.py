@@ -39,7 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "a node's health gate before it rejoins: the doctor's checks, devices vs the job's start",
     ),
     "node": (
-        "app.orchestrate.node",
+        "app.node.command",
         "a node of a torchrun job: its health gate, then torchrun's agent with ranks forked preloaded",
     ),
 }

@@ -14,15 +14,15 @@ ANSIBLE_NODE_IMAGE ?= ddp-cluster-node:bookworm
 
 .PHONY: ansible-node-image
 ansible-node-image: engine ## Build the node-container image (Debian bookworm stand-in for a GPU machine; debootstrap).
-	@docker image inspect $(ANSIBLE_NODE_IMAGE) >/dev/null 2>&1 || cluster/nodes/build.sh $(ANSIBLE_NODE_IMAGE)
+	@docker image inspect $(ANSIBLE_NODE_IMAGE) >/dev/null 2>&1 || tests/rigs/nodes/build.sh $(ANSIBLE_NODE_IMAGE)
 
 .PHONY: ansible-nodes-up
 ansible-nodes-up: venv ansible-node-image ## Start ANSIBLE_NODES fresh node containers for the local inventory.
-	@$(PY) cluster/nodes/nodes.py up --prefix $(ANSIBLE_NODES_PREFIX) --nodes $(ANSIBLE_NODES)
+	@$(PY) tests/rigs/nodes/nodes.py up --prefix $(ANSIBLE_NODES_PREFIX) --nodes $(ANSIBLE_NODES)
 
 .PHONY: ansible-nodes-down
 ansible-nodes-down: ## Remove the node containers, their volumes and network.
-	@$(PY) cluster/nodes/nodes.py down --prefix $(ANSIBLE_NODES_PREFIX)
+	@$(PY) tests/rigs/nodes/nodes.py down --prefix $(ANSIBLE_NODES_PREFIX)
 
 .PHONY: deploy
 deploy: venv ## Run ansible/deploy.yml on INVENTORY (provision, ship the image, check, train).

@@ -8,7 +8,7 @@
 # Base images: auto = upstream when present or pullable, else built locally
 # (debootstrap); upstream or local force one. The one switch for offline builds.
 BASE ?= auto
-# The flavour the mini-cluster runs: cuda when GPUS_PER_NODE > 0 (compose.gpu.yaml), else cpu.
+# The flavour the mini-cluster runs: cuda when GPUS_PER_NODE > 0 (compose.yaml's gpu-* templates), else cpu.
 IMAGE_TAG ?= $(if $(filter-out 0,$(GPUS_PER_NODE)),cuda,cpu)
 # torch of each wheelhouse, where not TORCH_VERSION's (python -m imagebuild image --help).
 TORCH_CPU ?=

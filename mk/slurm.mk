@@ -1,6 +1,6 @@
 # Slurm: a mini-cluster of containers (slurmctld + NODES slurmd nodes with munge, Debian bookworm's
 # Slurm 22.05, no slurmdbd) and batch jobs rendered from the cluster spec (included by the
-# top-level Makefile). cluster/slurm/minicluster.py does the work; the spec's knobs (NODES,
+# top-level Makefile). tests/rigs/slurm/minicluster.py does the work; the spec's knobs (NODES,
 # NPROC_PER_NODE, CLUSTER, JOB, SCRIPT, ARGS, SPEC, ...: mk/cluster.mk) pass through as spec flags.
 
 ##@ Slurm
@@ -17,7 +17,7 @@ SLURM_RUN = PYTHONPATH=$(CURDIR) $(PYTHON) -m cluster.slurm.minicluster $(1) --i
 
 .PHONY: slurm-image
 slurm-image: image-cpu ## Build the Slurm mini-cluster's image (the workload image + Slurm 22.05 + munge).
-	@cluster/slurm/build.sh --workload $(IMAGE_NAME):cpu --tag $(SLURM_IMAGE)
+	@tests/rigs/slurm/build.sh --workload $(IMAGE_NAME):cpu --tag $(SLURM_IMAGE)
 
 .PHONY: slurm-up
 slurm-up: slurm-image ## Start the Slurm mini-cluster: slurmctld and NODES slurmd containers; shows sinfo.

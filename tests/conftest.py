@@ -12,6 +12,7 @@ is gone before the next test and the processes it starts).
 
 import functools
 import os
+from collections import defaultdict
 from collections.abc import Iterator
 
 import pytest
@@ -72,3 +73,28 @@ def _environment_of_its_own():
     yield
     os.environ.clear()
     os.environ.update(before)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """The time of each suite (tests/<suite>/): its tests' summed time and the span from its first start to
+    its last end (the suites run side by side on pytest-xdist's workers)."""
+    spent: dict[str, float] = defaultdict(float)
+    spans: dict[str, list[float]] = {}
+    counts: dict[str, int] = defaultdict(int)
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            nodeid, start, stop = getattr(report, "nodeid", ""), getattr(report, "start", 0), getattr(report, "stop", 0)
+            if not nodeid.startswith("tests/") or not start:
+                continue
+            suite = nodeid.split("/")[1]
+            spent[suite] += stop - start
+            counts[suite] += getattr(report, "when", "") == "call"
+            first, last = spans.get(suite, (start, stop))
+            spans[suite] = [min(first, start), max(last, stop)]
+    if not spent:
+        return
+    terminalreporter.section("time of each suite")
+    for suite in sorted(spent, key=spent.get, reverse=True):
+        first, last = spans[suite]
+        line = f"{suite:<12} {counts[suite]:>5} tests  {spent[suite]:>7.0f} s of test time"
+        terminalreporter.write_line(f"{line}  {last - first:>6.0f} s from first to last")

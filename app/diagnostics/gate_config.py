@@ -1,5 +1,5 @@
 """The health gate's settings (app/diagnostics/gate.py), apart from the gate: ``app node`` reads them as its
-flags before it imports torch, which its fork server imports at the same time (app/orchestrate/node.py).
+flags before it imports torch, which its fork server imports at the same time (app/node/command.py).
 
     python -m app gate --help        # these flags, with the gate's
     python -m app node --help        # these flags, with the node's and torchrun's

@@ -1,7 +1,7 @@
 """The compose mini-cluster's view of a spec: every file it needs, rendered once on the host (by
 ``python -m app cluster up``, or by hand): the env file and the nodes file that compose reads, and the
-launch files that the init service copies into the cluster volume. compose.yaml holds no defaults
-and no checks; it ships with the package (``COMPOSE_FILE``).
+launch files that every node reads from a read-only mount at /cluster. compose.yaml (the repository's
+root) holds no defaults and no checks; the package ships that same file (``COMPOSE_FILE``).
 
     python -m app topology --nodes 3 --format compose-files --output-dir build/cluster/ddp-cluster
     python -m app topology --format compose-path            # where compose.yaml is
@@ -21,17 +21,24 @@ import json
 import os
 import shlex
 import stat
-from importlib import resources
+import sys
 from pathlib import Path
 
 from app.errors import UsageError
 from app.topology import render
 from app.topology.spec import ClusterSpec, Host
 
-COMPOSE_FILE = Path(str(resources.files(__package__) / "compose.yaml"))
-"""The compose file of the mini-cluster (package data)."""
-GPU_FILE = COMPOSE_FILE.with_name("compose.gpu.yaml")
-"""Its GPU override, used when the spec has --gpus-per-node > 0."""
+
+def _compose_file() -> Path:
+    """The checkout's compose.yaml, or where pip installed the same file (pyproject's data-files)."""
+    checkout = Path(__file__).resolve().parents[2] / "compose.yaml"
+    return checkout if checkout.is_file() else Path(sys.prefix) / "share" / "ddp-cluster" / "compose.yaml"
+
+
+COMPOSE_FILE = _compose_file()
+"""The compose file of the mini-cluster: the repository's, or the installed package's copy of it."""
+GPU_TEMPLATE = "gpu-"
+"""The prefix of compose.yaml's node templates when the spec has --gpus-per-node > 0 (gpu-worker)."""
 MAX_NODES = 16
 """The mini-cluster runs on one machine: each node is a container."""
 HEAD = "head"
@@ -49,7 +56,7 @@ SHM_SIZE, GPU_SHM_SIZE = "1gb", "8gb"
 OMP_THREADS = 1
 """OMP_NUM_THREADS of every rank: the containers share the machine's cores."""
 NODE_FILES, NO_SCRIPT = "node", "job"
-"""Folders of the rendered files: what the init service copies into the cluster volume; /job without --script."""
+"""Folders of the rendered files: what every node reads at /cluster (read-only); /job without --script."""
 
 
 def check(spec: ClusterSpec) -> None:
@@ -167,11 +174,13 @@ def nodes_file(spec: ClusterSpec) -> str:
     container name, and its command: torchrun's per-node flag and the job, the launcher's mpirun job, or the
     rendezvous store's port."""
     check(spec)
-    base, prefix = (GPU_FILE, "gpu-") if spec.nodes.gpus_per_node else (COMPOSE_FILE, "")
+    prefix = GPU_TEMPLATE if spec.nodes.gpus_per_node else ""
     job = render.job_argv(spec, SCRIPT_MOUNT)
 
     def node(name: str, template: str = "", **settings) -> dict:
-        replica = {"extends": {"file": os.fspath(base), "service": prefix + template}, "scale": 1} if template else {}
+        replica = (
+            {"extends": {"file": os.fspath(COMPOSE_FILE), "service": prefix + template}, "scale": 1} if template else {}
+        )
         return {**replica, "hostname": name, "container_name": name, **settings}
 
     def torchrun_node(host: Host) -> dict:  # every torchrun node alike, the head included (it is only the first)
@@ -194,7 +203,7 @@ def nodes_file(spec: ClusterSpec) -> str:
 
 
 def node_files(spec: ClusterSpec) -> dict[str, str]:
-    """What every node reads from the cluster volume, by file name."""
+    """What every node reads from its read-only /cluster mount, by file name (ssh/: the mpi profile's keys)."""
     check(spec)
     nodes, mpi = torchrun_hosts(spec), mpi_hosts(spec)
     store = dataclasses.replace(spec.rendezvous, master_addr=container(spec, RENDEZVOUS))  # every node a client
@@ -204,6 +213,7 @@ def node_files(spec: ClusterSpec) -> dict[str, str]:
         "cluster.env": render.render_env(torchrun, nodes),
         "hostfile": render.render_hostfile(mpi),
         "mpirun.args": " ".join(render.mpirun_args(spec, mpi, "/cluster/hostfile")) + "\n",
+        "ssh/README": "The mpi profile mounts this cluster's SSH keys here (the compose volume ssh).\n",
     }
 
 
@@ -219,6 +229,6 @@ def cluster_files(spec: ClusterSpec, folder: Path) -> dict[str, str]:
 
 def compose_args(spec: ClusterSpec, folder: Path) -> list[str]:
     """``docker compose``'s project flags for the files rendered into ``folder``."""
-    files = [COMPOSE_FILE, *([GPU_FILE] if spec.nodes.gpus_per_node else []), Path(folder) / "nodes.yaml"]
+    files = [COMPOSE_FILE, Path(folder) / "nodes.yaml"]
     env = ["--env-file", os.fspath(Path(folder) / "compose.env")]  # (the project's folder is compose.yaml's)
     return ["-p", spec.job.name, *env, *(arg for f in files for arg in ("-f", os.fspath(f)))]

@@ -116,7 +116,7 @@ def user_frame(frames: list[dict]) -> dict | None:
 
 
 def _where(prefix: Path, rank: int) -> str:
-    """``at cluster/faults/fault_job.py:95 in hook`` from the rank's stack dump, or why not."""
+    """``at tests/rigs/faults/fault_job.py:95 in hook`` from the rank's stack dump, or why not."""
     try:
         stack = json.loads(stack_path(prefix, rank).read_text(encoding="utf-8"))
     except (OSError, ValueError):

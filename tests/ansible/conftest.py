@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from app.topology.spec import Job
-from cluster.nodes import nodes
+from tests.rigs.nodes import nodes
 
 ANSIBLE_DIR = nodes.REPO / "ansible"
 WORKLOAD_IMAGE = Job.image

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster.nodes import nodes
 from tests.ansible.conftest import ANSIBLE_DIR, ansible_env, record_timing, run_playbook
+from tests.rigs.nodes import nodes
 
 pytestmark = [pytest.mark.ansible, pytest.mark.docker, pytest.mark.slow]
 DEPLOY = ANSIBLE_DIR / "deploy.yml"

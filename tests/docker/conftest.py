@@ -5,6 +5,7 @@ builds from the local debootstrap base (BASE=local), so no registry is needed. I
 tagged ddp-cluster-test:* so the tests never replace a user's ddp-cluster:* images.
 """
 
+import fcntl
 import json
 import os
 import shutil
@@ -58,8 +59,13 @@ def engine() -> None:
 
 
 def build(flavour: str) -> str:
-    """Build IMAGE_NAME:FLAVOUR offline (cached layers make repeats fast); returns the tag."""
-    proc = make(f"image-{flavour}", timeout=BUILD_TIMEOUT)
+    """Build IMAGE_NAME:FLAVOUR offline (cached layers make repeats fast); returns the tag. One build at a
+    time: pytest-xdist's workers each ask for the image, and the second finds it built."""
+    lock = ROOT / "build" / f"image-{flavour}.test-lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        proc = make(f"image-{flavour}", timeout=BUILD_TIMEOUT)
     assert proc.returncode == 0, f"building the {flavour} image failed\n{explain(proc)}"
     return f"{IMAGE_NAME}:{flavour}"
 

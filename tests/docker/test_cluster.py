@@ -54,7 +54,7 @@ def test_check_and_training_on_2x2_then_nothing_left(cluster):
 
 def test_user_script_runs_unchanged_and_each_run_shows_only_its_own_output(cluster):
     for _ in range(2):  # the second run starts the same containers again: their earlier output stays in docker logs
-        proc = cluster.make("cluster-up", "SCRIPT=cluster/jobs/minimal_ddp.py", "ARGS=--steps 5", "NPROC_PER_NODE=1")
+        proc = cluster.make("cluster-up", "SCRIPT=examples/minimal_ddp.py", "ARGS=--steps 5", "NPROC_PER_NODE=1")
         assert proc.returncode == 0, explain(proc)
         # Only the head container (global rank 0) is streamed, and only this run's output.
         assert proc.stdout.count(f"minimal_ddp rank 0/2 on {cluster.project}-head-1") == 1, explain(proc)

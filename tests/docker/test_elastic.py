@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from cluster.faults.drive import TRAIN, FaultRun, explain
+from tests.rigs.faults.drive import TRAIN, FaultRun, explain
 
 from .conftest import project_leftovers, run
 

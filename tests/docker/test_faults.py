@@ -1,7 +1,7 @@
 """The fault suite: the compose cluster (2 nodes x 2 ranks, gloo) heals itself, or says in one line why not.
 
 Each fault strikes at step 25 of a 46-step job, after the checkpoints of steps 10, 20 and 23: the fault
-job (cluster/faults/fault_job.py) writes a marker there and slows its steps, and the test acts on a container.
+job (tests/rigs/faults/fault_job.py) writes a marker there and slows its steps, and the test acts on a container.
 1. a training process killed (kill -9 inside the worker container), 2. the worker container killed,
 4. the worker container paused past the collective timeout: the job resumes and ends with parameters
 and optimizer state identical to an uninterrupted run's, as it does with 3. the head container killed
@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from app.topology.compose import STOP_GRACE_S  # the nodes stop within it once the store is gone
-from cluster.faults.drive import COLLECTIVE_TIMEOUT, FINAL_STEP, OUT, FaultRun, explain
+from tests.rigs.faults.drive import COLLECTIVE_TIMEOUT, FINAL_STEP, OUT, FaultRun, explain
 
 from .conftest import project_leftovers, run
 

@@ -1,5 +1,5 @@
 """``app cluster`` and ``app topology`` from a pip install of the project, run outside the checkout:
-the compose files come with the package (package data), found without the repository.
+the repository's compose.yaml comes with the package (data-files), found without the repository.
 
 Builds the wheel, installs it with --no-deps into a fresh venv without torch (the topology and the
 cluster runner need none) and runs the commands from a folder that holds no checkout.
@@ -30,7 +30,7 @@ def installed(tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("package")
     source, wheels = where / "source", where / "wheels"  # a copy: setuptools' build/ in the checkout could be stale
     shutil.copytree(ROOT / "app", source / "app", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "compose.yaml"):
         shutil.copy(ROOT / name, source / name)
     wheel_cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels)]
     built = subprocess.run([*wheel_cmd, str(source)], capture_output=True, text=True, timeout=300, check=False)
@@ -53,7 +53,7 @@ def test_the_installed_package_runs_cluster_and_topology_outside_the_checkout(in
     where = _run([installed, "-m", "app", "topology", "--format", "compose-path"], tmp_path)
     compose_file = Path(where.stdout.strip())
     assert compose_file.is_file() and ROOT not in compose_file.parents, where  # the installed copy
-    assert compose_file.with_name("compose.gpu.yaml").is_file()
+    assert compose_file.read_text() == (ROOT / "compose.yaml").read_text()  # the same file, not a copy kept apart
     rendered = _run([installed, "-m", "app", "topology", "--format", "compose-files", "--output-dir", "x"], tmp_path)
     assert rendered.returncode == 0, rendered.stderr
     assert str(compose_file) in (tmp_path / "x" / "nodes.yaml").read_text()  # the workers extend the installed file

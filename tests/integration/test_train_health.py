@@ -3,7 +3,7 @@
 A rank that stops (SIGSTOP, like a hung process) is named by the ranks that still answer, once
 their collective times out; a rank that is slow every step is named as the straggler. Each test
 moves the fault to another rank as its own negative control: the report must follow it.
-The fault hooks are the fault suite's test job (cluster/faults/fault_job.py).
+The fault hooks are the fault suite's test job (tests/rigs/faults/fault_job.py).
 """
 
 import json
@@ -105,7 +105,7 @@ def test_the_flight_recorder_names_the_collective_and_the_line_a_hung_rank_is_at
                           r"dumps in ([^\s;]+)", cause)  # fmt: skip
         assert found, cause
         assert found[3] == str(hung) and found[4] == host and int(found[1]) > 6, cause
-        assert (found[5], int(found[6]), found[7]) == ("cluster/faults/fault_job.py", line_no, "hook"), cause
+        assert (found[5], int(found[6]), found[7]) == ("tests/rigs/faults/fault_job.py", line_no, "hook"), cause
         assert Path(found[8]) == tmp_path / "out" / "flight"
         assert (Path(found[8]) / "analysis.txt").is_file()  # what torch's analysis said, off the terminal
 

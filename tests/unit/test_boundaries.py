@@ -138,7 +138,7 @@ def test_other_imports_are_not_launcher_imports(source: str) -> None:
     assert launcher_imports(source, "app.train") == []
 
 
-FLOORS = ("runtime", "topology", "diagnostics", "train", "orchestrate")
+FLOORS = ("runtime", "topology", "diagnostics", "train", "node", "orchestrate")
 """app's packages from the lowest floor up: a module imports only from its own floor or those below
 (the modules directly in app/, errors, logs, flags and the like, serve every floor)."""
 

@@ -43,7 +43,7 @@ def test_ranks_follow_c10ds_order_of_the_rendered_addresses():
 def test_the_nodes_get_rendered_files_not_the_spec(tmp_path):
     files = compose.cluster_files(SPEC, tmp_path)
     assert sorted(files) == ["compose.env", "job/README", "node/cluster.env", "node/hostfile", "node/mpirun.args",
-                             "node/torchrun.args", "nodes.yaml"]  # fmt: skip
+                             "node/ssh/README", "node/torchrun.args", "nodes.yaml"]  # fmt: skip
     assert "CLUSTER_SPEC" not in files["compose.env"] and "{" not in files["compose.env"]
     assert f"NODE_FILES='{tmp_path.resolve()}/node'" in files["compose.env"]
     # The c10d store has a container of its own, whose name matches no node: every node's agent is a client.

@@ -13,7 +13,7 @@ from app import cli
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [
     ROOT / "README.md",
-    ROOT / "cluster/README.md",
+    ROOT / "docs/cluster.md",
     ROOT / "docker/README.md",
     *sorted((ROOT / "docs").glob("*.md")),
 ]

@@ -32,7 +32,7 @@ def test_the_dumps_name_the_collective_the_silent_rank_never_joined_and_its_line
     line = flight.read(_dumps(tmp_path), 3, HOSTS, wait_s=0)
     assert line == (
         "flight recorder: gloo:all_reduce #17 (sequence number) of group 0:default_pg was never joined by "
-        f"rank 1 on node1 at cluster/faults/fault_job.py:97 in hook; dumps in {tmp_path}"
+        f"rank 1 on node1 at tests/rigs/faults/fault_job.py:97 in hook; dumps in {tmp_path}"
     )
 
 

@@ -304,7 +304,7 @@ def test_bad_kubernetes_fields_are_one_line_errors(tables: dict, message: str) -
     [
         (("--hosts", "a:2,b:2", "--format", "k8s"), "give --nodes, not --hosts"),
         (("--launcher", "mpirun", "--format", "k8s"), "--launcher mpirun: the Kubernetes manifests run torchrun"),
-        (("--script", "cluster/jobs/minimal_ddp.py", "--format", "k8s"), "--script is not shipped into these pods"),
+        (("--script", "examples/minimal_ddp.py", "--format", "k8s"), "--script is not shipped into these pods"),
         (("--name", "1st", "--format", "k8s"), "must start with a letter"),
         (("--nodes", "1", "--format", "pytorchjob"), "needs --nodes 2 or more"),
         (("--memory-limit", "1Gi", "--format", "k8s"), "--memory-limit 1Gi is below --memory-request 4Gi"),
@@ -314,7 +314,7 @@ def test_bad_kubernetes_fields_are_one_line_errors(tables: dict, message: str) -
         (("--master-port", "29400", "--format", "trainingruntime"), "drop --master-port"),
         (("--script", "no/such/job.py", "--format", "trainjob"), "cannot read --script no/such/job.py"),
         (("--launcher", "srun", "--format", "trainjob"), "--launcher srun: the Kubernetes manifests run torchrun"),
-        (("--script", "cluster/jobs/minimal_ddp.py", "--format", "pytorchjob"), "use --format trainjob (it ships it)"),
+        (("--script", "examples/minimal_ddp.py", "--format", "pytorchjob"), "use --format trainjob (it ships it)"),
     ],
 )
 def test_cli_refuses_what_kubernetes_and_trainer_cannot_run(args: tuple[str, ...], message: str) -> None:

@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from app.errors import UsageError
-from app.orchestrate import node
-from app.runtime import agent, launcher
+from app.node import agent
+from app.node import command as node
+from app.runtime import launcher
 
 SPY = """
 import json
@@ -32,7 +33,7 @@ for name in ("is_available", "device_count", "init", "_lazy_init", "current_devi
 for name in dir(torch._C):
     if name.startswith(("_cuda_get", "_cuda_init")):
         setattr(torch._C, name, spy(name, getattr(torch._C, name)))
-from app.orchestrate.node import PRELOAD
+from app.node.command import PRELOAD
 
 for module in PRELOAD:
     __import__(module)

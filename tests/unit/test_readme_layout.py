@@ -1,5 +1,5 @@
-"""The README's layout tree matches the tree: every module of app/ is named under its package, and
-every top-level folder of the repository is there (and nothing that is not)."""
+"""The layout tree (docs/layout.md, linked from the README) matches the tree: every module of app/ is
+named under its package, and every top-level folder of the repository is there (and nothing that is not)."""
 
 import re
 import subprocess
@@ -12,8 +12,8 @@ PACKAGE_LINE = re.compile(r"^(?P<indent> *)(?P<name>[\w.]+)/\s")
 
 
 def layout_block(readme: str) -> str:
-    """The first ```text block after the README's '## Layout' heading."""
-    section = readme[readme.index("## Layout\n") :]
+    """The first ```text block of docs/layout.md."""
+    section = readme[readme.index("# Layout\n") :]
     start = section.index("```text\n") + len("```text\n")
     return section[start : section.index("```\n", start)]
 
@@ -40,14 +40,14 @@ def tracked() -> list[str]:
 
 @pytest.fixture(scope="module")
 def block() -> str:
-    return layout_block((ROOT / "README.md").read_text())
+    return layout_block((ROOT / "docs" / "layout.md").read_text())
 
 
 def test_every_app_module_is_in_the_layout_tree(block: str) -> None:
     modules = {path for path in tracked() if path.startswith("app/") and path.endswith(".py")}
     modules -= {path for path in modules if path.endswith("/__init__.py")}
     named = named_modules(block)
-    assert sorted(modules - named) == [], "add these modules to README.md's layout tree"
+    assert sorted(modules - named) == [], "add these modules to docs/layout.md's layout tree"
     assert sorted(named - modules) == [], "the layout tree names modules that do not exist"
 
 
@@ -55,7 +55,7 @@ def test_every_top_level_folder_is_in_the_layout_tree(block: str) -> None:
     folders = {path.split("/")[0] for path in tracked() if "/" in path}
     listed = {match["name"] for match in map(PACKAGE_LINE.match, block.splitlines()) if match and not match["indent"]}
     listed |= {line.split()[0].split("/")[0] for line in block.splitlines() if line.startswith(".")}
-    assert sorted(folders - listed) == [], "add these folders to README.md's layout tree"
+    assert sorted(folders - listed) == [], "add these folders to docs/layout.md's layout tree"
     assert sorted(listed - folders) == [], "the layout tree names folders that do not exist"
 
 

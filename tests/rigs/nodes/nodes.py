@@ -1,9 +1,9 @@
 """Node containers that stand in for GPU machines: Debian bookworm with its own dockerd, on a
 user-defined bridge network, reached by Ansible through the Docker CLI (no SSH).
 
-    python cluster/nodes/nodes.py up --prefix ddp --nodes 2      # ddp-node0, ddp-node1 on ddp-net
-    python cluster/nodes/nodes.py down --prefix ddp
-    python cluster/nodes/nodes.py inventory --prefix ddp > inv.yml
+    python tests/rigs/nodes/nodes.py up --prefix ddp --nodes 2      # ddp-node0, ddp-node1 on ddp-net
+    python tests/rigs/nodes/nodes.py down --prefix ddp
+    python tests/rigs/nodes/nodes.py inventory --prefix ddp > inv.yml
 
 They run unprivileged (no --privileged): every capability but SYS_RESOURCE, no seccomp or
 AppArmor profile, the host's cgroup tree, and a volume for the inner engine's /var/lib/docker.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 NODE_IMAGE = "ddp-cluster-node:bookworm"
 BUILD_SCRIPT = REPO / "cluster" / "nodes" / "build.sh"
 LOCAL_INVENTORY = REPO / "ansible" / "inventory" / "local-nodes.yml"

@@ -32,7 +32,7 @@ import uuid
 from pathlib import Path
 
 from app.topology.spec import Job
-from cluster.faults.drive import OUT, FaultRun, explain
+from tests.rigs.faults.drive import OUT, FaultRun, explain
 
 FIRST_STEPS = f"{OUT}/first-steps.jsonl"
 KILL_A_TRAINING_PROCESS = (

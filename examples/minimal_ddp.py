@@ -1,7 +1,7 @@
 """A plain torchrun script that knows nothing of this project: DDP on random data.
 
-    torchrun --standalone --nproc-per-node 2 cluster/jobs/minimal_ddp.py --steps 20
-    make cluster-up SCRIPT=cluster/jobs/minimal_ddp.py ARGS="--steps 20"
+    torchrun --standalone --nproc-per-node 2 examples/minimal_ddp.py --steps 20
+    make cluster-up SCRIPT=examples/minimal_ddp.py ARGS="--steps 20"
 
 It shows that `make cluster-up SCRIPT=...` runs a user's script unchanged: torchrun
 sets the usual environment, init_process_group("gloo") reads it.

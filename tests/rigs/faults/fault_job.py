@@ -1,9 +1,9 @@
 """The fault job of the fault suite and its benchmark: ``python -m app train`` exactly as the command
 line runs it, plus fault hooks.
 
-    python -m app cluster up --script cluster/faults/fault_job.py \\
+    python -m app cluster up --script tests/rigs/faults/fault_job.py \\
         --args '--marker /results/x/fault.json --fault-at-step 30 --fault-rank 3 --slow-ms 500 -- --out /results/x ...'
-    python cluster/faults/fault_job.py --marker m.json --fault-at-step 6 --fault-rank 2 --stall -- <train flags>
+    python tests/rigs/faults/fault_job.py --marker m.json --fault-at-step 6 --fault-rank 2 --stall -- <train flags>
 
 Used by the fault suite (tests/docker/test_faults.py), the hang and straggler tests
 (tests/integration/test_train_health.py) and ``make bench-faults``. The flags before ``--`` are

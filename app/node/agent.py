@@ -1,5 +1,5 @@
 """A node's torchrun agent in this process, every rank a fork of one preloaded interpreter: the launch of
-``python -m app node`` (app/orchestrate/node.py, which runs each rank; the image's ddp-node on every engine).
+``python -m app node`` (app/node/command.py, which runs each rank; the image's ddp-node on every engine).
 
     python -m app node --records runs/gate -- --standalone --nproc-per-node 2 -m app train --out runs/x
     python -m app node -- --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=store:29500 /job/train.py

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-JOB = "cluster/faults/fault_job.py"
+ROOT = Path(__file__).resolve().parents[3]
+JOB = "tests/rigs/faults/fault_job.py"
 OUT = "/results/f"
 """The job's --out in the results volume."""
 MARKER = f"{OUT}/fault.json"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Drive the Slurm mini-cluster (cluster/slurm/compose.yaml): start it, run one batch job on it
+"""Drive the Slurm mini-cluster (tests/rigs/slurm/compose.yaml): start it, run one batch job on it
 with real sbatch and srun, cancel, show, remove. Stdlib only, like the app's topology command.
 
     python3 -m cluster.slurm.minicluster up     --image ddp-cluster-slurm:bookworm -- --nodes 2
@@ -35,7 +35,7 @@ from app.errors import ClusterError, UsageError, exit_status_of
 from app.topology import command as topology
 from app.topology import compose, slurm
 from app.topology.spec import ClusterSpec
-from cluster.slurm import slurmconf
+from tests.rigs.slurm import slurmconf
 
 COMPOSE_FILE = Path(__file__).with_name("compose.yaml")
 STATE_DIR = Path("build/slurm")

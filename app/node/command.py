@@ -1,5 +1,5 @@
 """``python -m app node``: one node of a torchrun job: its health gate, then torchrun's agent in the same
-process, every rank a fork of one interpreter that imported torch once (app/runtime/agent.py).
+process, every rank a fork of one interpreter that imported torch once (app/node/agent.py).
 
     python -m app node --retry-every 10 -- $(cat /cluster/torchrun.args) -m app train --out /results/x
     python -m app node --records runs/gate -- --standalone --nproc-per-node 2 -m app train --out runs/x
@@ -35,7 +35,8 @@ from pathlib import Path
 from app import cli, flags
 from app.diagnostics.gate_config import GateConfig
 from app.errors import ClusterError, Stopped, UsageError, first_line
-from app.runtime import agent, launcher
+from app.node import agent
+from app.runtime import launcher
 
 PRELOAD = (
     "torch",

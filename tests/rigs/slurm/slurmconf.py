@@ -1,5 +1,5 @@
 """The Slurm mini-cluster's view of a spec (a test rig, not the product): its compose project and node
-names, the environment that cluster/slurm/compose.yaml reads, and the files that the host renders
+names, the environment that tests/rigs/slurm/compose.yaml reads, and the files that the host renders
 once and the init service copies into /etc/slurm.
 
     make slurm-up NODES=2                   # python3 -m cluster.slurm.minicluster up: renders them here
@@ -54,7 +54,7 @@ def check(spec: ClusterSpec) -> None:
 
 
 def compose_env(spec: ClusterSpec, image: str, folder: Path) -> dict[str, str]:
-    """The variables cluster/slurm/compose.yaml reads (the driver runs compose with them), for the files
+    """The variables tests/rigs/slurm/compose.yaml reads (the driver runs compose with them), for the files
     rendered into ``folder``.
 
     SLURM_CONF_DIGEST changes with slurm.conf, so that `up` with another shape recreates the
@@ -112,7 +112,7 @@ def slurm_conf(spec: ClusterSpec) -> str:
     }
     lines = [
         f"# slurm.conf of the Slurm mini-cluster {project(spec)}: rendered from the cluster spec by",
-        "# cluster/slurm/slurmconf.py (make slurm-up); edit the spec, not this.",
+        "# tests/rigs/slurm/slurmconf.py (make slurm-up); edit the spec, not this.",
         *(f"{key}={value}" for key, value in settings.items()),
         f"NodeName={nodes} CPUs={cpus} RealMemory={REAL_MEMORY_MB} State=UNKNOWN",
         f"PartitionName={spec.slurm.partition or DEFAULT_PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
