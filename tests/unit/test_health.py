@@ -1,7 +1,9 @@
 """Device health: the figures of one device, and the verdict that names a slow rank (the outlier rule of app links)."""
 
 import dataclasses
+import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -136,3 +138,38 @@ def test_a_gpu_rank_is_judged_by_the_rule_alone_a_cpu_rank_below_a_third_too() -
     assert [s.rank for s in gpu.slow] == [3]
     cpu = health.judge(_cpu([70.0, 69.0, 71.0, 30.0], [5.0] * 4), floor=health.NODE_FACTOR)
     assert cpu.slow == []
+
+
+# --- the rules on recorded clusters (golden/check/README.md) --------------------------------------
+
+GOLDEN = Path(__file__).parent / "golden" / "check"
+
+
+def recorded(name: str) -> list[dict]:
+    """The gathered rank reports of a recorded ``app check`` (its --json), as health.section reads them."""
+    report = json.loads((GOLDEN / name).read_text())
+    part = report["device_health"]
+    shape = {"dtype": part["dtype"], "matmul_size": part["matmul_size"], "copy_bytes": part["copy_bytes"]}
+    return [
+        r
+        | {
+            "health": shape
+            | {"device": r["device"], "flops": r["matmul_flops"], "copy_gbps": r["copy_gbps"], "seconds": 2.0}
+        }
+        for r in report["ranks"]
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in GOLDEN.glob("undisturbed-*.json")))
+def test_a_recorded_undisturbed_cluster_names_nothing(name: str) -> None:
+    part = health.section(recorded(name), outliers.DEFAULT_K, None)
+    assert part["slow_nodes"] == [] and part["slow"] == [], part
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in GOLDEN.glob("worker-at-0.1-cpu-*.json")))
+def test_a_recorded_worker_at_a_tenth_of_a_cpu_is_named_as_a_node_and_only_it(name: str) -> None:
+    ranks = recorded(name)
+    part = health.section(ranks, outliers.DEFAULT_K, None)
+    worker = ranks[2]["host"]
+    assert part["slow_nodes"] and {(n["host"], tuple(n["ranks"])) for n in part["slow_nodes"]} == {(worker, (2, 3))}
+    assert part["slow"] == []  # half the ranks are slow: the rule over ranks names none of them
