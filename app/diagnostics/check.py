@@ -21,7 +21,8 @@ Nodes are judged as nodes (their ranks' median): a node that the fastest node re
 ``verdict: no slow node (the slowest: ...; a node is named at 3x or more)``. Ranks: the outlier
 rule of app links (below median / s^k, --k; on CPUs also below median / 3) names a slow rank
 with 3 or more ranks, as ``slow: rank 3 on node1 (cuda:1): 212.0 TFLOP/s against a median of
-690.0``; --fail-below FRACTION makes a rank below FRACTION x the median fail the check.
+690.0``; --fail-below FRACTION makes a rank below FRACTION x the median fail the check. A GPU
+below a third of its data sheet's bf16 peak fails it too.
 
 JSON (--json PATH, '-' for stdout; rank 0 writes it; keys are stable, new keys may be added):
   ok, complete        every operation verified (no slow node, no device below --fail-below); every rank reported
@@ -35,7 +36,9 @@ JSON (--json PATH, '-' for stdout; rank 0 writes it; keys are stable, new keys m
                       "slow" and "below_fail": [{"rank", "host", "device", "metric" ("flops" or
                       "copy_gbps"), "value", "median"}], "node_factor", "slow_nodes" and
                       "slowest_node" (null on one node): [{"host", "ranks", "device", "metric",
-                      "value" (the node's median), "fastest_host", "fastest", "factor"}]
+                      "value" (the node's median), "fastest_host", "fastest", "factor"}],
+                      "below_peak": GPU ranks below a third of their data sheet's bf16 peak (they
+                      fail the check): [{"rank", "host", "device", "value", "peak", "source"}]
   rendezvous          the doctor's checks, merged over ranks: [{"check", "status", "detail"}]
   operations          per operation: "name", "ok", "ran", "time_ms" (slowest rank), "failed_ranks", "detail"
   failures            [{"operation", "ranks", "detail"}]: failed operations, and "device_health"
@@ -340,7 +343,8 @@ def build_report(ctx: DistContext, cfg: CheckConfig, diagnosis: doctor.Diagnosis
     }
     if device_health:
         report["failures"] += health.failures(report)
-        report["ok"] = report["ok"] and not device_health["below_fail"] and not device_health["slow_nodes"]
+        flagged = device_health["below_fail"] or device_health["slow_nodes"] or device_health["below_peak"]
+        report["ok"] = report["ok"] and not flagged
     return report
 
 

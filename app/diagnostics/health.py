@@ -25,7 +25,9 @@ outlier rule over ranks cannot name a node whose ranks are half of all (2 nodes 
 rule's median falls between the slow and the fast). Ranks (``judge``): the outlier rule of ``app
 links`` (app/diagnostics/outliers.py) over each figure: with 3 or more ranks, a rank below
 median / s^k is named (on CPUs also only below median / NODE_FACTOR: ranks share the cores);
-``fail_below`` names the ranks below that fraction of the median.
+``fail_below`` names the ranks below that fraction of the median. GPUs (``below_peak``): a rank below a
+third of its GPU's data-sheet bf16 peak (app/runtime/devices.py's table) fails the check whatever the
+others read (an H200 reads about 0.68 of its 989 TFLOP/s).
 """
 
 import statistics
@@ -36,6 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from app.diagnostics import outliers
+from app.runtime.devices import table_peak
 
 MIB = 1 << 20
 MATMUL_SIZE = {"cuda": 8192, "cpu": 512}
@@ -267,6 +270,18 @@ def _node(node: NodeFigure, ranks: list[dict]) -> dict:
     }
 
 
+def below_peak(ranks: list[dict]) -> list[dict]:
+    """GPU ranks whose bf16 matrix throughput is below 1/NODE_FACTOR of their GPU's data-sheet peak
+    (app/runtime/devices.py's table; an H200 reads about 0.68 of it), whatever the other ranks read."""
+    found = []
+    for r in ranks:
+        peak = table_peak(r.get("device_name", "")) if r["device"].startswith("cuda") else None
+        if peak is not None and r["health"]["flops"] * NODE_FACTOR < peak.tflops * 1e12:
+            named = {"rank": r["rank"], "host": r["host"], "device": r["device"], "value": r["health"]["flops"]}
+            found.append(named | {"peak": peak.tflops * 1e12, "source": peak.source})
+    return found
+
+
 def section(ranks: list[dict], k: float, fail_below: float | None) -> dict:
     """The report's ``device_health`` from every rank's ``health`` (asdict of DeviceHealth), in rank order."""
     figures = [DeviceHealth(**r["health"]) for r in ranks]
@@ -288,6 +303,7 @@ def section(ranks: list[dict], k: float, fail_below: float | None) -> dict:
         "node_factor": NODE_FACTOR,
         "slow_nodes": [_node(n, ranks) for n in nodes if n.slow],
         "slowest_node": _node(nodes[0], ranks) if nodes else None,
+        "below_peak": below_peak(ranks),
     }
 
 
@@ -304,6 +320,15 @@ def describe_node(entry: dict) -> str:
     fastest = figure(entry["metric"], entry["fastest"], entry["device"]).split(" ")[0]
     ranks = ("rank " if len(entry["ranks"]) == 1 else "ranks ") + ", ".join(map(str, entry["ranks"]))
     return f"{entry['host']} ({ranks}): {value}, {entry['factor']:.1f}x below {entry['fastest_host']}'s {fastest}"
+
+
+def describe_peak(entry: dict) -> str:
+    """``rank 3 on node1 (cuda:1): 212.0 TFLOP/s, below a third of the data sheet (H200)'s bf16 peak of 989.4``."""
+    value, peak = figure("flops", entry["value"], entry["device"]), entry["peak"] / 1e12
+    return (
+        f"rank {entry['rank']} on {entry['host']} ({entry['device']}): {value}, below 1/{NODE_FACTOR:g} of the "
+        f"{entry['source']}'s bf16 peak of {peak:.1f}"
+    )
 
 
 def node_lines(part: dict) -> list[str]:
@@ -328,7 +353,7 @@ def format_lines(report: dict) -> list[str]:
         f"device health: {part['matmul_size']}x{part['matmul_size']} {part['dtype']} matrix products, "
         f"copies of {part['copy_bytes'] >> 20} MiB"
     )
-    nodes = node_lines(part)
+    nodes = node_lines(part) + [f"slow: {describe_peak(e)}" for e in part["below_peak"]]
     if part["threshold_flops"] is None:
         return [
             head,
@@ -346,6 +371,9 @@ def failures(report: dict) -> list[dict]:
     found = [
         {"operation": "device_health", "ranks": e["ranks"], "detail": f"slow node {describe_node(e)}"}
         for e in part["slow_nodes"]
+    ]
+    found += [
+        {"operation": "device_health", "ranks": [e["rank"]], "detail": describe_peak(e)} for e in part["below_peak"]
     ]
     for metric in METRICS:
         below = [entry for entry in part["below_fail"] if entry["metric"] == metric]

@@ -140,6 +140,26 @@ def test_a_gpu_rank_is_judged_by_the_rule_alone_a_cpu_rank_below_a_third_too() -
     assert cpu.slow == []
 
 
+def test_a_gpu_below_a_third_of_its_data_sheet_peak_fails_whatever_the_others_read() -> None:
+    # One H200 alone (no rank rule, no node rule): 212 TFLOP/s is below 989.4 / 3; 672 (measured) is not.
+    ranks = [
+        {"rank": 0, "host": "n", "device": "cuda:0", "device_name": "NVIDIA H200", "health": dataclasses.asdict(f)}
+        for f in _figures([212e12])
+    ]
+    part = health.section(ranks, 3.0, None)
+    assert [(e["rank"], e["peak"]) for e in part["below_peak"]] == [(0, 989.4e12)]
+    report = {"device_health": part, "world_size": 1}
+    assert "slow: rank 0 on n (cuda:0): 212.0 TFLOP/s, below 1/3 of the data sheet (H200)'s bf16 peak of 989.4" in (
+        health.format_lines(report)
+    )
+    assert [f["ranks"] for f in health.failures(report)] == [[0]]
+    ranks[0]["health"]["flops"] = 672e12
+    assert health.section(ranks, 3.0, None)["below_peak"] == []
+    ranks[0]["device_name"] = "Some Other GPU"  # no data sheet known: not judged against one
+    ranks[0]["health"]["flops"] = 1e12
+    assert health.section(ranks, 3.0, None)["below_peak"] == []
+
+
 # --- the rules on recorded clusters (golden/check/README.md) --------------------------------------
 
 GOLDEN = Path(__file__).parent / "golden" / "check"
