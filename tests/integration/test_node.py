@@ -22,7 +22,7 @@ from tests.integration.train_runs import CHECKPOINTED, TIMEOUT, same_final_param
 pytestmark = pytest.mark.integration
 
 NODE_JOB = Path(__file__).with_name("node_job.py")
-FAULT_JOB = Path(__file__).parents[2] / "cluster" / "faults" / "fault_job.py"
+FAULT_JOB = Path(__file__).parents[2] / "tests" / "rigs" / "faults" / "fault_job.py"
 TWO_RANKS = ["--standalone", "--nproc-per-node", "2"]
 
 
