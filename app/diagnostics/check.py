@@ -14,13 +14,18 @@ non-zero naming the failing operation and rank. A collective that hangs fails af
 
 Device health (app/diagnostics/health.py): first, every rank measures its own device at once for
 --device-seconds: n x n matrix products (bf16 on a GPU, fp32 on a CPU) and a memory copy. The
-rank table shows TFLOP/s (GFLOP/s on CPU) and copy GB/s beside each device's name and memory; the
-outlier rule of app links (below median / s^k, --k) names a slow rank with 3 or more ranks, as
-``slow: rank 3 on node1 (cuda:1): 212.0 TFLOP/s against a median of 690.0``; --fail-below
-FRACTION makes a rank below FRACTION x the median fail the check (exit status 1).
+rank table shows TFLOP/s (GFLOP/s on CPU) and copy GB/s beside each device's name and memory.
+Nodes are judged as nodes (their ranks' median): a node that the fastest node reads 3x or more
+(health.NODE_FACTOR) fails the check (exit status 1), as
+``slow node: worker-1 (ranks 2, 3): 12.0 GFLOP/s, 6.8x below head-1's 82.0: sure, ...``; else
+``verdict: no slow node (the slowest: ...; a node is named at 3x or more)``. Ranks: the outlier
+rule of app links (below median / s^k, --k; on CPUs also below median / 3) names a slow rank
+with 3 or more ranks, as ``slow: rank 3 on node1 (cuda:1): 212.0 TFLOP/s against a median of
+690.0``; --fail-below FRACTION makes a rank below FRACTION x the median fail the check. A GPU
+below a third of its data sheet's bf16 peak fails it too.
 
 JSON (--json PATH, '-' for stdout; rank 0 writes it; keys are stable, new keys may be added):
-  ok, complete        every operation verified (and no device below --fail-below); every rank reported
+  ok, complete        every operation verified (no slow node, no device below --fail-below); every rank reported
   world_size, nodes, backend, launcher, numel
   ranks               per rank: "rank", "local_rank", "node_rank", "host", "device", "backend",
                       "interface", "device_name" (the GPU's, or cpu), "device_memory_bytes",
@@ -29,7 +34,11 @@ JSON (--json PATH, '-' for stdout; rank 0 writes it; keys are stable, new keys m
                       "k", "fail_below", "median_flops", "median_copy_gbps" (geometric medians),
                       "threshold_flops", "threshold_copy_gbps" (median / s^k; null below 3 ranks),
                       "slow" and "below_fail": [{"rank", "host", "device", "metric" ("flops" or
-                      "copy_gbps"), "value", "median"}]
+                      "copy_gbps"), "value", "median"}], "node_factor", "slow_nodes" and
+                      "slowest_node" (null on one node): [{"host", "ranks", "device", "metric",
+                      "value" (the node's median), "fastest_host", "fastest", "factor"}],
+                      "below_peak": GPU ranks below a third of their data sheet's bf16 peak (they
+                      fail the check): [{"rank", "host", "device", "value", "peak", "source"}]
   rendezvous          the doctor's checks, merged over ranks: [{"check", "status", "detail"}]
   operations          per operation: "name", "ok", "ran", "time_ms" (slowest rank), "failed_ranks", "detail"
   failures            [{"operation", "ranks", "detail"}]: failed operations, and "device_health"
@@ -334,7 +343,8 @@ def build_report(ctx: DistContext, cfg: CheckConfig, diagnosis: doctor.Diagnosis
     }
     if device_health:
         report["failures"] += health.failures(report)
-        report["ok"] = report["ok"] and not device_health["below_fail"]
+        flagged = device_health["below_fail"] or device_health["slow_nodes"] or device_health["below_peak"]
+        report["ok"] = report["ok"] and not flagged
     return report
 
 

@@ -10,9 +10,12 @@ The image's node entrypoint (docker/bin/ddp-node) runs it on every node before t
   first start    no record of this node (RECORDS/<host>.json) yet: it measures its devices as app check
                  does (app/diagnostics/health.py: n x n matrix products, a copy; --device-seconds each
                  device; every visible GPU, else the CPU) and records them, written atomically; it passes.
-                 The job's figures are the median of its nodes' records, device by device (the nodes of
-                 a job are alike: the spec gives them one shape); a node that shares no folder with the
-                 others (Ansible's per-node /results) has its own
+                 Nodes that share the records folder measure one at a time (a lock in it: containers of
+                 one machine started together read a third of a node alone when three measured at once
+                 on two cores, and such a bar let a node at 0.3 CPU back in). The job's figures are the
+                 best of its nodes' records, device by device (the nodes of a job are alike: the spec
+                 gives them one shape; a node measured at a busy moment does not lower the bar); a node
+                 that shares no folder with the others (Ansible's per-node /results) has its own
   started again  its record is there (a container started again; a later job on the same results): the
                  doctor's checks (the rendezvous host's name resolves, the interface towards it, this
                  host's name, the rendezvous port answers within --timeout; app/diagnostics/doctor.py),
@@ -32,9 +35,12 @@ Exit status: 0 passed (or recorded), 3 kept out (without --retry-every), 2 bad i
 """
 
 import argparse
+import fcntl
 import json
-import statistics
+import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -51,6 +57,8 @@ from app.runtime.launcher import Launcher, Node, ProcessInfo
 
 TRANSFER_BYTES = 1 << 20
 """What a node sends to the rendezvous host and reads back before it rejoins (its link works, end to end)."""
+MEASURE_LOCK = ".measuring.lock"
+"""The records folder's lock file, held while a node measures (``alone``)."""
 KEPT_OUT = 3
 """Exit status of a node that the gate keeps out."""
 Rendezvous = tuple[str, int, bool]
@@ -83,12 +91,12 @@ def shortfall(now: list[health.DeviceHealth], start: list[health.DeviceHealth], 
 
 
 def job_figures(mine: list[health.DeviceHealth], records: list[list[health.DeviceHealth]]) -> list[health.DeviceHealth]:
-    """The job's figures for this node's devices (``mine``, its own record): the median of every record's, device
-    by device."""
+    """The job's figures for this node's devices (``mine``, its own record): the best of every record's and its
+    own, device by device (a record taken at a busy moment is not the bar)."""
     found = []
     for own in mine:
-        same = [d for devices in records for d in devices if d.device == own.device] or [own]
-        found.append(replace(own, **{m: statistics.median(getattr(d, m) for d in same) for m in health.METRICS}))
+        same = [own, *(d for devices in records for d in devices if d.device == own.device)]
+        found.append(replace(own, **{m: max(getattr(d, m) for d in same) for m in health.METRICS}))
     return found
 
 
@@ -119,8 +127,32 @@ def devices() -> list[torch.device]:
     return [torch.device("cuda", i) for i in range(count)] if count else [torch.device("cpu")]
 
 
-def measure(seconds: float) -> list[health.DeviceHealth]:
-    return [health.measure(device, seconds) for device in devices()]
+def measure(seconds: float, folder: Path | None = None) -> list[health.DeviceHealth]:
+    """Every device's figures; with ``folder`` (the records), measured holding its lock (``alone``)."""
+    with alone(folder):
+        return [health.measure(device, seconds) for device in devices()]
+
+
+@contextmanager
+def alone(folder: Path | None) -> Iterator[None]:
+    """Hold ``folder``'s MEASURE_LOCK (an exclusive flock; the folder made if missing): the nodes that share the
+    folder (the containers of one machine) measure one at a time, not under each other's load. A folder that
+    cannot be locked (read-only) measures without it."""
+    fd = None
+    if folder is not None:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(folder / MEASURE_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            if fd is not None:
+                os.close(fd)
+            fd = None
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def read_record(path: Path) -> list[health.DeviceHealth] | None:
@@ -240,9 +272,9 @@ def judge(cfg: GateConfig, mine: Node, where: Rendezvous | None, start: list[hea
     why, moved = checks(cfg, mine, where)
     if why is not None:
         return Judged(why, [])
-    figures = measure(cfg.device_seconds)
+    figures = measure(cfg.device_seconds, cfg.records)
     if shortfall(figures, start, cfg.fail_below) is not None:  # measured once more before it counts
-        figures = best(figures, measure(cfg.device_seconds))
+        figures = best(figures, measure(cfg.device_seconds, cfg.records))
     return Judged(shortfall(figures, start, cfg.fail_below), figures, moved)
 
 
@@ -276,7 +308,7 @@ def admit(cfg: GateConfig, where: Rendezvous | None) -> None:
     path = cfg.records / f"{mine.host}.json"
     start = read_record(path)
     if start is None:
-        print(record(path, mine.host, measure(cfg.device_seconds)), flush=True)
+        print(record(path, mine.host, measure(cfg.device_seconds, cfg.records)), flush=True)
         return
     start = job_figures(start, read_records(cfg.records))
     judged = judge(cfg, mine, where, start)

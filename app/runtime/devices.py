@@ -2,6 +2,7 @@
 
     found = devices.probe()      # NodeDevices(cuda=True, count=8, torch_cuda="13.0", driver_cuda="13.0", ...)
     devices.describe(0)          # ("NVIDIA H100 80GB HBM3", 85_520_809_984)
+    devices.table_peak("NVIDIA H100 80GB HBM3")  # Peak(989.4, "data sheet (H100)"): dense bf16 TFLOP/s
 
 Nothing here reads the environment: CUDA_VISIBLE_DEVICES acts through torch's own count. Tests
 inject other facts by giving the rules a NodeDevices of their own, or, in a worker process of their
@@ -92,3 +93,35 @@ def describe(device: torch.device) -> tuple[str, int]:
         return props.name, props.total_memory
     pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
     return "cpu", pages * size
+
+
+PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("H200", 989.4),
+    ("GH200", 989.4),
+    ("H100 NVL", 835.0),
+    ("H100 PCIe", 756.5),
+    ("H100", 989.4),  # SXM / HBM3
+    ("B200", 2250.0),
+    ("A100", 312.0),
+    ("L40S", 362.05),
+    ("L4", 121.0),
+    ("A10G", 70.0),
+)
+"""Dense bf16 tensor-core TFLOP/s by a part of the device name (first match wins: the longer names first)."""
+
+
+@dataclass(frozen=True)
+class Peak:
+    """A GPU's dense bf16 peak and where it comes from."""
+
+    tflops: float
+    source: str
+    """'data sheet (NAME)' or 'measured (bf16 matmul 8192^3)'."""
+
+
+def table_peak(name: str) -> Peak | None:
+    """The data-sheet peak of the GPU called ``name`` (as torch.cuda.get_device_name says), or None."""
+    for part, tflops in PEAK_BF16_TFLOPS:
+        if part in name:
+            return Peak(tflops, f"data sheet ({part})")
+    return None

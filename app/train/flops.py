@@ -8,46 +8,25 @@ FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` over one forwa
 pass of a copy of the model (the real one is left untouched: no gradients, no BatchNorm
 statistics); the optimizer's elementwise work is not counted, as in the usual MFU definition. The
 peak is the GPU's dense (no sparsity) bf16 tensor-core figure from its vendor's data sheet for the
-GPUs in ``PEAK_BF16_TFLOPS``; for any other GPU it is measured: the best of a few bf16 matrix
-products of 8192 x 8192 (what ``app check`` measures too), so its MFU is against what this GPU
-reaches, not a data sheet. ``app train``, ``app bench`` and ``app scale`` show both on CUDA.
+GPUs in ``app.runtime.devices.PEAK_BF16_TFLOPS`` (``app check`` judges GPUs against it too); for
+any other GPU it is measured: the best of a few bf16 matrix products of 8192 x 8192 (what ``app
+check`` measures too), so its MFU is against what this GPU reaches, not a data sheet. ``app
+train``, ``app bench`` and ``app scale`` show both on CUDA.
 """
 
 import copy
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from app.runtime.devices import Peak, table_peak
 from app.train.precision import Precision
 
-PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
-    ("H200", 989.4),
-    ("GH200", 989.4),
-    ("H100 NVL", 835.0),
-    ("H100 PCIe", 756.5),
-    ("H100", 989.4),  # SXM / HBM3
-    ("B200", 2250.0),
-    ("A100", 312.0),
-    ("L40S", 362.05),
-    ("L4", 121.0),
-    ("A10G", 70.0),
-)
-"""Dense bf16 tensor-core TFLOP/s by a part of the device name (first match wins: the longer names first)."""
 MATMUL_N = 8192
 MATMUL_REPEATS = 10
-
-
-@dataclass(frozen=True)
-class Peak:
-    """A GPU's dense bf16 peak and where it comes from."""
-
-    tflops: float
-    source: str
-    """'data sheet (NAME)' or 'measured (bf16 matmul 8192^3)'."""
 
 
 def per_sample(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: Precision) -> float:
@@ -59,14 +38,6 @@ def per_sample(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: Pr
             loss = F.cross_entropy(twin(x), y)
         loss.backward()
     return counter.get_total_flops() / max(int(x.shape[0]), 1)
-
-
-def table_peak(name: str) -> Peak | None:
-    """The data-sheet peak of the GPU called ``name`` (as torch.cuda.get_device_name says), or None."""
-    for part, tflops in PEAK_BF16_TFLOPS:
-        if part in name:
-            return Peak(tflops, f"data sheet ({part})")
-    return None
 
 
 def measured_peak(device: torch.device) -> Peak:

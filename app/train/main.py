@@ -140,7 +140,10 @@ def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], N
 
 def _failed_collective(error: RuntimeError, trainer: Trainer, recorder: flight.Recorder, dumps) -> str:
     """The line of a failed collective: the roll call, and after a timeout where the flight recorder saw
-    the silent ranks (a peer whose connection was lost is gone: no dump of its will come)."""
+    the silent ranks (a peer whose connection was lost is gone: no dump of its will come); a rank that was
+    itself stopped past the timeout says so and names no one."""
+    if stopped := trainer.watch.stopped(error, recorder.timeout_s):
+        return stopped
     if watch.lost_peer(error):
         return trainer.watch.explain(error, trainer.pos.step)
     recorder.dump(trainer.watch.stage()[0])  # this rank's side of the failed collective

@@ -11,8 +11,9 @@ wait: in synchronous DDP every rank's step takes as long as the slowest rank's, 
 not the rank with the longest steps but the one the others wait for, the one busy longest.
 Checkpoint writes count as neither. Every --exchange-every steps one all_gather of five numbers per
 rank shares the windows; rank 0 writes a ``ranks`` record to metrics.jsonl naming the slowest rank
-and its host, and prints one line when that rank is busy more than --straggler-percent longer than
-the median rank at two exchanges in a row (again only when another rank becomes the straggler). The
+and its host, and prints one line when the same rank is busy more than --straggler-percent longer
+than the median rank at 5 exchanges in a row (STRAGGLER_EXCHANGES; again only when another rank
+becomes the straggler): a line that would name another rank each time is noise. The
 same exchange carries rank 0's time since its last checkpoint, so every rank agrees when
 --checkpoint-every-seconds is due.
 
@@ -26,6 +27,13 @@ one line (folded here) naming the collective and the ranks, and their hosts, tha
     error: rank 0 on head: rank 3 on worker-b stopped answering: the gradient all-reduce of step 63 failed
     (Timed out waiting 20000ms for recv operation to complete); 3 of 4 ranks answer (all had reached step 60
     at the last exchange) [exit 1; log /results/x/logs/train-rank0.log]
+
+A rank that was itself stopped (docker pause, SIGSTOP) for longer than --timeout says so instead, and
+names no one (the others gave up waiting for it: app/train/frozen.py measures the gap):
+
+    error: rank 2 on worker: this rank was stopped for 42 s (longer than --timeout 20 s; docker pause or
+    SIGSTOP): the gradient all-reduce of step 63 failed (Connection closed by peer); the others gave up
+    waiting for it
 """
 
 import json
@@ -43,7 +51,7 @@ from torch import nn
 
 from app.errors import ClusterError, first_line
 from app.runtime.distributed import DistContext, store_client
-from app.train import sync
+from app.train import frozen, sync
 from app.train.config import HealthConfig
 
 REPORT_GRACE_S = 3.0
@@ -57,9 +65,14 @@ _LOST_PEER = re.compile(r"Connection (closed|reset)|Broken pipe")
 """What gloo says when a peer's process is gone (its sockets closed by its kernel)."""
 _TRANSPORT = re.compile(r"third_party/gloo|NCCL|[Tt]imed out|Connection (closed|reset|refused)|Broken pipe")
 """What gloo's and NCCL's errors say when a peer is gone or too slow (DDP raises them as RuntimeError)."""
+STOPPED_WITHIN = 2.0
+"""A rank that was stopped for longer than --timeout less than this many timeouts ago says so (``Watch.stopped``):
+its next collective fails within about one timeout of its thaw."""
 GRADIENTS = "gradient all-reduce"
 EXCHANGE = "exchange of step times"
 CHECKPOINT = "checkpoint"
+STRAGGLER_EXCHANGES = 5
+"""Exchanges in a row at which one rank must be the straggler before its line is printed."""
 EVALUATION = "evaluation"
 
 
@@ -134,21 +147,25 @@ def collective_failed(error: BaseException) -> bool:
 
 
 class StragglerNamer:
-    """When to name a straggler on the console: the same rank over the threshold at two exchanges in a
-    row (one slow window is noise: on busy machines the slowest rank changes all the time), and once
-    until another rank takes its place or none is over."""
+    """When to name a straggler on the console: the same rank over the threshold at STRAGGLER_EXCHANGES
+    exchanges in a row, and once until another rank takes its place or none is over. One slow window is
+    noise, and so is a rank slowest at two: on a busy machine an undisturbed run named a different rank
+    each time, 5 times in one run."""
 
-    def __init__(self) -> None:
+    def __init__(self, needed: int = STRAGGLER_EXCHANGES) -> None:
+        self.needed = needed
         self.candidate: int | None = None
+        self.streak = 0
+        """Exchanges in a row at which ``candidate`` was the straggler."""
         self.named: int | None = None
 
     def name(self, straggler: int | None) -> bool:
         """``straggler``: this exchange's slowest rank when it is over the threshold, else None."""
-        repeated = straggler is not None and straggler == self.candidate
+        self.streak = self.streak + 1 if straggler is not None and straggler == self.candidate else 1
         self.candidate = straggler
         if straggler is None:
             self.named = None
-        if not repeated or straggler == self.named:
+        if self.streak < self.needed or straggler is None or straggler == self.named:
             return False
         self.named = straggler
         return True
@@ -175,6 +192,8 @@ class Watch:
         self._where = ""
         """Where that was, when not rank 0's store (for the line)."""
         self._namer = StragglerNamer()
+        self.clock = frozen.Clock()
+        """The gaps in this process's time: whether it was itself stopped (``stopped``)."""
         self._grad_ready = 0.0
         for param in model.parameters():
             if param.requires_grad:
@@ -232,6 +251,19 @@ class Watch:
         return record, line, float(table[0][4])
 
     # --- a failed collective ---------------------------------------------------------------------
+
+    def stopped(self, error: BaseException, timeout_s: float) -> str | None:
+        """The line of a rank that was itself stopped (frozen) for longer than ``timeout_s`` shortly before its
+        collective failed: the others gave up waiting for it, so it names none of them (and holds no roll call:
+        ``answers`` stays empty, so it writes no snapshot); None when it was not."""
+        gap = self.clock.longest_gap(STOPPED_WITHIN * timeout_s + REPORT_GRACE_S)
+        if gap <= timeout_s:
+            return None
+        what, step = self.doing
+        return (
+            f"this rank was stopped for {gap:.0f} s (longer than --timeout {timeout_s:g} s; docker pause or SIGSTOP): "
+            f"the {what} of step {step} failed ({first_line(error)[:160]}); the others gave up waiting for it"
+        )
 
     def explain(self, error: BaseException, completed: int = -1) -> str:
         """Why the job cannot go on, in one line: which ranks (and hosts) stopped answering.

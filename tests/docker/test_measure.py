@@ -5,13 +5,10 @@ container's network namespace with NET_ADMIN (the cluster containers keep every 
 dropped) and throttles its interface to 20 Mbit/s with tc; the report must name that container,
 and only it. The same run without a throttle names none.
 
-The proof that ``app check`` finds a slow device: the head container's CPU is limited with
-``docker update --cpus 0.1 --cpu-shares 2`` as soon as it runs; its rank must be named, and only
-it. The same run without the limit names none. Both limits: on a quiet machine the quota bites
-(the other ranks get about 2/3 of a core each; 0.5 core was not slow enough at a load of 3.5); on
-a busy one (this shared 2-core machine ran at a load of about 20, where every process gets about a
-tenth of a core, below a quota of 0.15) the weight of 2 against the others' 1024 does, while they
-compute at the same time.
+The proof that ``app check`` finds a slow node: on the default cluster (2 nodes x 2 ranks) the
+worker container's CPU is limited with ``docker update --cpus 0.1`` as soon as it runs; the worker
+must be named as a node, and only it, and the check fails. The same run without the limit is marked
+noise (make test-noise): its verdict rests on this machine's noise.
 
 Run: ``DDP_TEST_IMAGE_NAME=... .venv/bin/python -m pytest tests/docker/test_measure.py``.
 """
@@ -44,26 +41,27 @@ def throttle_image(engine) -> str:
     return THROTTLE_IMAGE
 
 
-def _running_head(project: str, timeout: float = 120) -> str:
-    """The head container's id, as soon as it runs (before its job starts: the rendezvous and torch take seconds)."""
+def _running_head(project: str, timeout: float = 120, service: str = "head") -> str:
+    """The id of the head container (or ``service``'s), as soon as it runs (before its job starts: the rendezvous
+    and torch take seconds)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        labels = [f"label=com.docker.compose.project={project}", "label=com.docker.compose.service=head"]
+        labels = [f"label=com.docker.compose.project={project}", f"label=com.docker.compose.service={service}"]
         filters = [arg for value in [*labels, "status=running"] for arg in ("--filter", value)]
         found = run(["docker", "ps", "-q", *filters], 30).stdout.split()
         if found:
             return found[0]
         time.sleep(0.2)
-    raise AssertionError(f"the head container of {project} did not start within {timeout:g}s")
+    raise AssertionError(f"the {service} container of {project} did not start within {timeout:g}s")
 
 
-def _with_running_head(cluster, make_args: list[str], action) -> subprocess.CompletedProcess:
-    """Run ``make MAKE_ARGS`` on the cluster, calling ``action(head container id)`` as soon as the head runs."""
+def _with_running(cluster, make_args: list[str], action, service: str = "head") -> subprocess.CompletedProcess:
+    """Run ``make MAKE_ARGS`` on the cluster, calling ``action(container id)`` as soon as ``service`` runs."""
     cmd = ["make", "--no-print-directory", "BASE=local", f"IMAGE_NAME={IMAGE_NAME}", *make_args]
     cmd += [f"CLUSTER={cluster.project}", f"RESULTS={cluster.results}"]
     job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        action(_running_head(cluster.project))
+        action(_running_head(cluster.project, service=service))
         out, err = job.communicate(timeout=600)
     finally:
         if job.poll() is None:
@@ -88,7 +86,7 @@ def test_links_names_the_throttled_container_and_only_it(cluster, throttle_image
         tc = run(["docker", "run", "--rm", *netns, throttle_image, *TBF], 120)
         assert tc.returncode == 0, explain(tc)
 
-    throttled = _with_running_head(cluster, ["cluster-links", "NODES=3", "NPROC_PER_NODE=1", LINKS_ARGS], throttle)
+    throttled = _with_running(cluster, ["cluster-links", "NODES=3", "NPROC_PER_NODE=1", LINKS_ARGS], throttle)
     assert throttled.returncode != 0, explain(throttled)  # --fail-below 0.1 is crossed
     report = cluster.json("links/links.json")
     assert report["slow_nodes"] == [{"node": head, "direction": "send"}], explain(throttled)
@@ -177,34 +175,35 @@ def test_comm_across_containers(cluster) -> None:
     assert (cluster.results / "comm" / "cluster.png").stat().st_size > 20_000
 
 
-# The check's device health: 4 s of measuring (0.4 s samples, four CFS periods each); --timeout
-# covers the limited head's slow start (torch's import at a fraction of a core).
-CHECK_ARGS = "CHECK_ARGS=--device-seconds 4 --fail-below 0.25 --timeout 300"
-CPU_LIMIT = ["--cpus", "0.2", "--cpu-shares", "2"]
-CHECK_RUN = ["cluster-check", "NODES=3", "NPROC_PER_NODE=1", "MAX_RESTARTS=0", CHECK_ARGS]
+# The check's device health on the default cluster (2 nodes x 2 ranks, torchrun's restarts off for a check):
+# the worker container limited to a tenth of a CPU as soon as it runs reads 7-14x below the head (recorded:
+# tests/unit/golden/check), far past health.NODE_FACTOR (3) whatever this machine's noise. --timeout covers the
+# limited worker's slow start (torch's import at a tenth of a core).
+CHECK_ARGS = "CHECK_ARGS=--timeout 300"
+WORKER_LIMIT = ["--cpus", "0.1"]
 
 
-def test_check_names_the_cpu_limited_container_and_only_it(cluster) -> None:
-    clean = cluster.make(*CHECK_RUN)
-    assert clean.returncode == 0, explain(clean)
-    report = cluster.json("check.json")
-    health = report["device_health"]
-    assert health["slow"] == [] and health["below_fail"] == [], explain(clean)
-    assert "verdict: no slow device" in clean.stdout
-    # A new cluster for the limited run: on the same one the head would be started again, and its
-    # health gate (app gate) would rightly keep it out against the clean run's figures.
-    down = cluster.make("cluster-down")
-    assert down.returncode == 0, explain(down)
-
-    def limit(head_id: str) -> None:
-        done = run(["docker", "update", *CPU_LIMIT, head_id], 60)
+def test_check_names_the_cpu_limited_node_and_only_it(cluster) -> None:
+    def limit(worker_id: str) -> None:
+        done = run(["docker", "update", *WORKER_LIMIT, worker_id], 60)
         assert done.returncode == 0, explain(done)
 
-    limited = _with_running_head(cluster, CHECK_RUN, limit)
+    limited = _with_running(cluster, ["cluster-check", CHECK_ARGS], limit, service="worker-1")
     report = cluster.json("check.json")
-    head = f"{cluster.project}-head-1"
-    slow = report["device_health"]["slow"]
-    assert {(s["rank"], s["host"]) for s in slow} == {(0, head)}, explain(limited)
-    assert f"slow: rank 0 on {head} (cpu): " in limited.stdout and " against a median of " in limited.stdout
-    if report["device_health"]["below_fail"]:  # under 0.25 x the median: exit status 1, naming it
-        assert limited.returncode != 0 and "device_health on rank 0" in limited.stderr, explain(limited)
+    worker = f"{cluster.project}-worker-1"
+    slow = report["device_health"]["slow_nodes"]
+    assert slow and {(s["host"], tuple(s["ranks"])) for s in slow} == {(worker, (2, 3))}, explain(limited)
+    assert f"slow node: {worker} (ranks 2, 3): " in limited.stdout, explain(limited)
+    assert limited.returncode != 0 and "device_health on rank 2, 3: slow node " in limited.stderr, explain(limited)
+
+
+@pytest.mark.noise
+def test_check_on_an_undisturbed_cluster_names_nothing(cluster) -> None:
+    """Marked noise (make test-noise): an undisturbed verdict holds only while the nodes' real figures stay within
+    a factor 3 (on this 2-core machine they reached 2.2x); tests/unit/test_health.py judges the rule on recorded
+    undisturbed clusters (golden/check)."""
+    clean = cluster.make("cluster-check", CHECK_ARGS)
+    assert clean.returncode == 0, explain(clean)
+    health = cluster.json("check.json")["device_health"]
+    assert health["slow_nodes"] == [] and health["slow"] == [], explain(clean)
+    assert "verdict: no slow node (the slowest: " in clean.stdout and "verdict: no slow device" in clean.stdout

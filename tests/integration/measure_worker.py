@@ -10,7 +10,8 @@
 --slow-sender R --delay S: rank R sleeps S seconds before each bandwidth transfer it sends, so its
     outgoing links are slow and the verdict must name it.
 --slow-device R: rank R's device-health measurement (``app check``) does each matrix product
-    and copy three times while counting it once, so its device reads at a third of its speed.
+    and copy SLOW_DEVICE_FACTOR (10) times while counting it once, so its device reads at a tenth of its
+    speed: far below the third (health.NODE_FACTOR) that a CPU rank must be under, whatever the noise.
 --one-core: every rank runs on the same core (the lowest this process may use), so the ranks share it
     evenly and their device figures differ by what the test injects, not by how the scheduler spread three
     ranks over two cores or what else the machine runs (two fast ranks a factor apart widen the rule's
@@ -61,16 +62,20 @@ def _slow_sender(delay: float) -> None:
     links._Link._send = slow_send
 
 
+SLOW_DEVICE_FACTOR = 10
+"""--slow-device's rank does each step this many times while counting it once."""
+
+
 def _slow_device() -> None:
     rate = health.rate
 
     def slow_rate(step, work, device, budget_s):
-        def thrice():
-            step()
-            step()
+        def repeated():
+            for _ in range(SLOW_DEVICE_FACTOR - 1):
+                step()
             return step()
 
-        return rate(thrice, work, device, budget_s)
+        return rate(repeated, work, device, budget_s)
 
     health.rate = slow_rate
 

@@ -158,10 +158,11 @@ DEVICE_WORKER = "tests.integration.measure_worker"
 
 
 def test_a_slow_device_is_named_and_fails_below_the_fraction(tmp_path) -> None:
-    # 3 ranks on one core, rank 2's device reads at a third of its speed (its products and its copies: the
+    # 3 ranks on one core, rank 2's device reads at a tenth of its speed (its products and its copies: the
     # worker slows both): the rule names it, on either figure or both, and --fail-below 0.5 turns it into exit
     # status 1. On one core the two fast ranks read alike; spread over two cores they once read a factor apart,
-    # which widened the rule until rank 2 was below --fail-below but not below the rule (CI, stop 21).
+    # which widened the rule until a rank at a third was below --fail-below but not below the rule (CI, stop 21);
+    # a tenth is below a CPU rank's floor (a third of the median) whatever the noise.
     args = ["--one-core", "--slow-device", "2", "check", "--device-seconds", "3", "--fail-below", "0.5"]
     results = run_ranks(3, [*args, "--json", str(tmp_path / "c.json")], tmp_path, module=DEVICE_WORKER)
     assert [r.returncode for r in results] == [1, 1, 1], results[0].stderr[-3000:]
@@ -176,7 +177,10 @@ def test_a_slow_device_is_named_and_fails_below_the_fraction(tmp_path) -> None:
     assert "below 0.5 x the median" in errors[0]
 
 
+@pytest.mark.noise
 def test_the_same_worker_without_a_slow_device_names_none(tmp_path) -> None:
+    """Marked noise (make test-noise): names none only while three ranks' real figures stay within a third of each
+    other; tests/unit/test_health.py judges the rules on recorded clusters (golden/check)."""
     args = ["--one-core", "check", "--device-seconds", "3", "--json", str(tmp_path / "c.json")]
     results = run_ranks(3, args, tmp_path, module=DEVICE_WORKER)
     assert [r.returncode for r in results] == [0, 0, 0], results[0].stderr[-3000:]

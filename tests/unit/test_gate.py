@@ -2,9 +2,11 @@
 the rendezvous it reads from torchrun's arguments, its records, and the one line and exit status 3 of a node
 kept out (a real measurement against start figures no CPU reaches)."""
 
+import fcntl
 import json
 import re
 import socket
+import threading
 
 import pytest
 
@@ -51,15 +53,32 @@ def test_with_several_gpus_the_slow_one_is_named_and_a_missing_one_fails() -> No
     )
 
 
-def test_the_jobs_figures_are_the_median_of_its_nodes_records_device_by_device() -> None:
+def test_the_jobs_figures_are_the_best_of_its_nodes_records_device_by_device() -> None:
     head, worker, third = [cpu(46e9, 3.5)], [cpu(5e9, 0.8)], [cpu(40e9, 3.1)]
     [job] = gate.job_figures(worker, [head, worker, third])
-    assert (job.flops, job.copy_gbps) == (40e9, 3.1)  # the worker measured at a busy start counts no more than one
+    assert (job.flops, job.copy_gbps) == (46e9, 3.5)  # the worker measured at a busy start does not lower the bar
     [pair] = gate.job_figures(worker, [head, worker])
-    assert (pair.flops, pair.copy_gbps) == pytest.approx((25.5e9, 2.15))
+    assert (pair.flops, pair.copy_gbps) == (46e9, 3.5)  # of two nodes, the better (a median was their mean)
     assert gate.job_figures(head, []) == head  # no other record: its own
     node = gpus(690, 700)
-    assert [d.flops for d in gate.job_figures(node, [node, gpus(710, 300), [CPU_START]])] == [700e12, 500e12]
+    assert [d.flops for d in gate.job_figures(node, [node, gpus(710, 300), [CPU_START]])] == [710e12, 700e12]
+
+
+def test_nodes_that_share_the_records_folder_measure_one_at_a_time(tmp_path, monkeypatch) -> None:
+    # Another node (here this test) holds the folder's lock: this node's measurement waits until it is released.
+    measured = threading.Event()
+    monkeypatch.setattr(gate.health, "measure", lambda device, seconds: measured.set() or cpu(80e9))
+    folder = tmp_path / "gate"
+    folder.mkdir()
+    with (folder / gate.MEASURE_LOCK).open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        other = threading.Thread(target=gate.measure, args=(1.0, folder))
+        other.start()
+        assert not measured.wait(1.0), "measured while another node held the lock"
+    other.join(60)
+    assert measured.is_set()
+    measured.clear()
+    assert gate.measure(1.0) == [cpu(80e9)] and measured.is_set()  # no folder: measured without a lock
 
 
 def test_of_two_measurements_each_figure_keeps_its_better_value() -> None:

@@ -1,5 +1,10 @@
 """Device health: the figures of one device, and the verdict that names a slow rank (the outlier rule of app links)."""
 
+import dataclasses
+import json
+import time
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -27,6 +32,21 @@ def test_rate_is_work_over_time_and_stops_after_its_samples() -> None:
     assert health.rate(lambda: calls.append(1), 10.0, torch.device("cpu"), 0.01) > 0
     # 2 untimed-or-calibration calls, then at most SAMPLES samples of one or more calls each.
     assert len(calls) >= 3
+
+
+def test_every_sample_spans_the_sample_time_even_when_the_calibration_call_was_slow() -> None:
+    # The first two calls take 50 ms (a throttled start), the rest 1 ms: the samples must still span
+    # MIN_SAMPLE_S each, not the 4 calls that 50 ms implied (5 samples in 20 ms: one CPU quota period).
+    calls: list[tuple[float, float]] = []
+
+    def step() -> None:
+        began = time.perf_counter()
+        time.sleep(0.05 if len(calls) < 2 else 0.001)
+        calls.append((began, time.perf_counter()))
+
+    health.rate(step, 1.0, torch.device("cpu"), budget_s=0.0)
+    timed = calls[2:]  # after the untimed call and the calibration call: one sample (no budget for more)
+    assert timed[-1][1] - timed[0][0] >= health.MIN_SAMPLE_S
 
 
 def test_a_slow_device_is_named_and_only_it() -> None:
@@ -57,3 +77,119 @@ def test_fail_below_is_a_fraction() -> None:
     assert health.judge(_figures([700e12, 690e12, 500e12]), fail_below=0.5).below_fail == []
     with pytest.raises(UsageError, match="must be a fraction of the median in \\(0, 1\\]"):
         outliers.check_fraction(2.0)
+
+
+# --- nodes as nodes ------------------------------------------------------------------------------
+
+
+def _cpu(flops_g: list[float], copy: list[float]) -> list[DeviceHealth]:
+    return [DeviceHealth("cpu", "float32", 512, f * 1e9, 64 << 20, c, 2.0) for f, c in zip(flops_g, copy, strict=True)]
+
+
+def _ranks(figures: list[DeviceHealth], hosts: list[str]) -> list[dict]:
+    """app check's gathered rank reports, as health.section reads them."""
+    return [
+        {"rank": r, "host": h, "device": f.device, "health": dataclasses.asdict(f)}
+        for r, (f, h) in enumerate(zip(figures, hosts, strict=True))
+    ]
+
+
+def test_a_node_whose_ranks_are_half_of_all_is_named_as_a_node() -> None:
+    # The issue's 2 x 2: the worker at 0.3 CPU read 11.8-12.2 GFLOP/s, the head 76-89; the rule over ranks
+    # named nothing (half the ranks are slow), the node rule names the worker, on both figures.
+    figures = _cpu([76.0, 89.0, 11.8, 12.2], [5.0, 6.0, 1.1, 1.3])
+    hosts = ["head", "head", "worker", "worker"]
+    assert health.judge(figures, floor=health.NODE_FACTOR).slow == []
+    part = health.section(_ranks(figures, hosts), 3.0, None)
+    assert [(n["host"], n["ranks"], n["metric"]) for n in part["slow_nodes"]] == [
+        ("worker", [2, 3], "flops"),
+        ("worker", [2, 3], "copy_gbps"),
+    ]
+    assert part["slow_nodes"][0]["factor"] == pytest.approx((76.0 * 89.0) ** 0.5 / (11.8 * 12.2) ** 0.5)
+    report = {"device_health": part, "world_size": 4}
+    assert health.format_lines(report)[1] == (
+        "slow node: worker (ranks 2, 3): 12.0 GFLOP/s, 6.9x below head's 82.2: sure, beyond the 3x that noise "
+        "between equal nodes stays under"
+    )
+    assert [f["ranks"] for f in health.failures(report)] == [[2, 3], [2, 3]]
+
+
+def test_nodes_within_the_factor_are_not_named_and_the_line_says_how_far_the_slowest_is() -> None:
+    figures = _cpu([80.0, 70.0, 40.0, 45.0], [5.0, 6.0, 4.0, 4.5])  # 1.8x apart: a busy machine's noise
+    part = health.section(_ranks(figures, ["head", "head", "worker", "worker"]), 3.0, None)
+    assert part["slow_nodes"] == []
+    assert health.node_lines(part) == [
+        "verdict: no slow node (the slowest: worker (ranks 2, 3): 42.4 GFLOP/s, 1.8x below head's 74.8; a node "
+        "is named at 3x or more)"
+    ]
+
+
+def test_one_node_has_no_node_verdict_and_every_slow_node_is_named() -> None:
+    one = health.section(_ranks(_cpu([80.0, 70.0, 75.0], [5.0] * 3), ["a"] * 3), 3.0, None)
+    assert one["slowest_node"] is None and health.node_lines(one) == []
+    three = _cpu([80.0, 20.0, 25.0], [5.0, 5.0, 5.0])  # 2 of 3 nodes at a quarter: both named against the fastest
+    part = health.section(_ranks(three, ["a", "b", "c"]), 3.0, None)
+    assert [n["host"] for n in part["slow_nodes"]] == ["b", "c"]
+
+
+def test_a_gpu_rank_is_judged_by_the_rule_alone_a_cpu_rank_below_a_third_too() -> None:
+    # Below the outlier rule's median / 1.95 but not below a third: named on GPUs (no shared cores), not on CPUs.
+    gpu = health.judge(_figures([700e12, 690e12, 710e12, 300e12]))
+    assert [s.rank for s in gpu.slow] == [3]
+    cpu = health.judge(_cpu([70.0, 69.0, 71.0, 30.0], [5.0] * 4), floor=health.NODE_FACTOR)
+    assert cpu.slow == []
+
+
+def test_a_gpu_below_a_third_of_its_data_sheet_peak_fails_whatever_the_others_read() -> None:
+    # One H200 alone (no rank rule, no node rule): 212 TFLOP/s is below 989.4 / 3; 672 (measured) is not.
+    ranks = [
+        {"rank": 0, "host": "n", "device": "cuda:0", "device_name": "NVIDIA H200", "health": dataclasses.asdict(f)}
+        for f in _figures([212e12])
+    ]
+    part = health.section(ranks, 3.0, None)
+    assert [(e["rank"], e["peak"]) for e in part["below_peak"]] == [(0, 989.4e12)]
+    report = {"device_health": part, "world_size": 1}
+    assert "slow: rank 0 on n (cuda:0): 212.0 TFLOP/s, below 1/3 of the data sheet (H200)'s bf16 peak of 989.4" in (
+        health.format_lines(report)
+    )
+    assert [f["ranks"] for f in health.failures(report)] == [[0]]
+    ranks[0]["health"]["flops"] = 672e12
+    assert health.section(ranks, 3.0, None)["below_peak"] == []
+    ranks[0]["device_name"] = "Some Other GPU"  # no data sheet known: not judged against one
+    ranks[0]["health"]["flops"] = 1e12
+    assert health.section(ranks, 3.0, None)["below_peak"] == []
+
+
+# --- the rules on recorded clusters (golden/check/README.md) --------------------------------------
+
+GOLDEN = Path(__file__).parent / "golden" / "check"
+
+
+def recorded(name: str) -> list[dict]:
+    """The gathered rank reports of a recorded ``app check`` (its --json), as health.section reads them."""
+    report = json.loads((GOLDEN / name).read_text())
+    part = report["device_health"]
+    shape = {"dtype": part["dtype"], "matmul_size": part["matmul_size"], "copy_bytes": part["copy_bytes"]}
+    return [
+        r
+        | {
+            "health": shape
+            | {"device": r["device"], "flops": r["matmul_flops"], "copy_gbps": r["copy_gbps"], "seconds": 2.0}
+        }
+        for r in report["ranks"]
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in GOLDEN.glob("undisturbed-*.json")))
+def test_a_recorded_undisturbed_cluster_names_nothing(name: str) -> None:
+    part = health.section(recorded(name), outliers.DEFAULT_K, None)
+    assert part["slow_nodes"] == [] and part["slow"] == [], part
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in GOLDEN.glob("worker-at-0.1-cpu-*.json")))
+def test_a_recorded_worker_at_a_tenth_of_a_cpu_is_named_as_a_node_and_only_it(name: str) -> None:
+    ranks = recorded(name)
+    part = health.section(ranks, outliers.DEFAULT_K, None)
+    worker = ranks[2]["host"]
+    assert part["slow_nodes"] and {(n["host"], tuple(n["ranks"])) for n in part["slow_nodes"]} == {(worker, (2, 3))}
+    assert part["slow"] == []  # half the ranks are slow: the rule over ranks names none of them

@@ -1,7 +1,9 @@
 """``app links``' schedule and verdict: round-robin pairing, the outlier rule, --fail-below, flags."""
 
 import itertools
+import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -58,6 +60,15 @@ def test_the_links_of_a_slow_sender_do_not_condemn_their_receivers() -> None:
     verdict = judge(_matrix(4, slow=slow), k=3)
     assert verdict.slow_nodes == [(1, "send")]
     assert verdict.slow_links == []
+
+
+@pytest.mark.parametrize("name", ["slow-sender-1.json", "slow-sender-2.json"])
+def test_a_recorded_slow_sender_is_named_as_a_node_not_its_receivers(name: str) -> None:
+    # Real reports (golden/links/README.md): 4 ranks posing as 4 nodes, node 1 sleeping 0.25 s before each send;
+    # the other links read 0.56-3.26 GB/s, a factor 6 apart on this busy 2-core machine.
+    report = json.loads((Path(__file__).parent / "golden" / "links" / name).read_text())
+    verdict = judge(report["bandwidth_gbps"], k=3)
+    assert verdict.slow_nodes == [(1, "send")] and verdict.slow_links == []
 
 
 def test_a_node_that_receives_slowly_or_both() -> None:
