@@ -8,4 +8,4 @@ BENCH_FAULTS_ARGS ?=
 
 .PHONY: bench-faults
 bench-faults: image-cpu ## Recovery time, steps lost and training time ratio of the 2x2 cluster with one fault a minute (~9 min; BENCH_FAULTS_ARGS=--pairs 2: ~18 min).
-	$(PY) -m cluster.faults.bench --image $(IMAGE_NAME):cpu $(BENCH_FAULTS_ARGS)
+	$(PY) -m tests.rigs.faults.bench --image $(IMAGE_NAME):cpu $(BENCH_FAULTS_ARGS)

@@ -2,11 +2,11 @@
 """Drive the Slurm mini-cluster (tests/rigs/slurm/compose.yaml): start it, run one batch job on it
 with real sbatch and srun, cancel, show, remove. Stdlib only, like the app's topology command.
 
-    python3 -m cluster.slurm.minicluster up     --image ddp-cluster-slurm:bookworm -- --nodes 2
-    python3 -m cluster.slurm.minicluster job    --image ... --results build/results -- --command check
-    python3 -m cluster.slurm.minicluster job    --image ... --results DIR -- --launcher srun --command 'train'
-    python3 -m cluster.slurm.minicluster cancel --image ... [--job-id 7]
-    python3 -m cluster.slurm.minicluster status|logs|down --image ...
+    python3 -m tests.rigs.slurm.minicluster up     --image ddp-cluster-slurm:bookworm -- --nodes 2
+    python3 -m tests.rigs.slurm.minicluster job    --image ... --results build/results -- --command check
+    python3 -m tests.rigs.slurm.minicluster job    --image ... --results DIR -- --launcher srun --command 'train'
+    python3 -m tests.rigs.slurm.minicluster cancel --image ... [--job-id 7]
+    python3 -m tests.rigs.slurm.minicluster status|logs|down --image ...
 
 from the repository's root (PYTHONPATH=. when the app is not installed), as make slurm-* runs it.
 

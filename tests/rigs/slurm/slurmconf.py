@@ -2,7 +2,7 @@
 names, the environment that tests/rigs/slurm/compose.yaml reads, and the files that the host renders
 once and the init service copies into /etc/slurm.
 
-    make slurm-up NODES=2                   # python3 -m cluster.slurm.minicluster up: renders them here
+    make slurm-up NODES=2                   # python3 -m tests.rigs.slurm.minicluster up: renders them here
 
 The controller's host name is ``slurmctld``; compose names the compute nodes
 ``<name>-slurm-node-<i>``, which the engine's DNS resolves, and slurm.conf uses those names, so
