@@ -13,9 +13,11 @@ class ClusterError(Exception):
     """The cluster misbehaved (rendezvous timed out, a collective failed): exit status 1, or the
     failed job's own status where one is known (a cluster job that ended with 137, say)."""
 
-    def __init__(self, message: str, status: int = 1) -> None:
+    def __init__(self, message: str, status: int = 1, reason: str = "") -> None:
         super().__init__(message)
         self.status = status
+        self.reason = reason
+        """What kind of failure, for the job's events (``app.events``: PEERS_LOST, NO_SPACE; "": another)."""
 
 
 class Stopped(Exception):

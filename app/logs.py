@@ -45,6 +45,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TextIO
 
+from app import events
 from app.runtime import launcher
 
 DEFAULT_LOG_DIR = Path("logs")
@@ -79,6 +80,16 @@ def file_name(command: str, rank: str | None) -> str:
     if rank is None:
         return f"{command}.log"
     return f"{command}-rank{re.sub(r'[^A-Za-z0-9_-]', '_', rank)}.log"
+
+
+_ERROR_LINE = re.compile(r"^error: (?P<cause>.*?)(?: \[exit \d+(?:; log \S+)?\])?$")
+
+
+def cause_of(text: str) -> str:
+    """The cause told by another app command's one line (``error: CAUSE [exit S; log PATH]``, RunLog.line),
+    for a line of one's own that gives its own exit status; any other text as it is."""
+    match = _ERROR_LINE.match(text)
+    return match["cause"] if match else text
 
 
 class RunLog:
@@ -211,6 +222,9 @@ class RunLog:
                 self._file.write(text + "\n")
         print(text, file=sys.stderr, flush=True)
         self._tell_torchrun(text)
+        rank = int(self.who.rank) if (self.who.rank or "").isdigit() else None
+        reason = getattr(error, "reason", "")
+        events.write(events.ERROR, rank, line=text, cause=message, status=status, reason=reason)
         return status
 
     def _tell_torchrun(self, text: str) -> None:

@@ -1,6 +1,6 @@
 """How far a run got: the last optimizer step, kept by rank 0 in OUT/progress, and the line that a
 resumed run prints about what a failure cost. Stdlib only: ``python -m app cluster`` (host side,
-no torch) reads the same line.
+no torch) builds the same line from the run's ``resumed`` event (``app.events``), never by reading it.
 
     recorder = Recorder(out)          # rank 0; opens OUT/progress on the first step, keeps it open
     recorder.record(step)             # after every optimizer step: one pwrite, no fsync
@@ -18,7 +18,6 @@ A resumed run prints (and writes to metrics.jsonl as a ``resume`` event):
 """
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,20 +89,3 @@ class Resumed:
     def record(self) -> dict:
         """Its fields for metrics.jsonl."""
         return {"from_step": self.step, "checkpoint": self.checkpoint, "reached": self.reached, "lost": self.lost}
-
-
-_LINE = re.compile(
-    r"^train: (?:resumed from step (?P<step>\d+) \(checkpoint (?P<checkpoint>.+?)\)"
-    r"|started again from step (?P<start>\d+) \(no checkpoint yet\))"
-    r"(?:, no steps lost|, (?P<lost>\d+) steps? lost \(the failed attempt reached step (?P<reached>\d+)\))?$"
-)
-
-
-def parse(line: str) -> Resumed | None:
-    """The Resumed that ``line`` (as ``Resumed.line`` wrote it) describes, or None for any other line."""
-    match = _LINE.match(line)
-    if not match:
-        return None
-    step = int(match["step"] or match["start"])
-    reached = int(match["reached"]) if match["reached"] else (step if ", no steps lost" in line else None)
-    return Resumed(step, match["checkpoint"], reached)

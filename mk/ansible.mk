@@ -24,6 +24,10 @@ ansible-nodes-up: venv ansible-node-image ## Start ANSIBLE_NODES fresh node cont
 ansible-nodes-down: ## Remove the node containers, their volumes and network.
 	@$(PY) tests/rigs/nodes/nodes.py down --prefix $(ANSIBLE_NODES_PREFIX)
 
+.PHONY: ansible-clean
+ansible-clean: venv ## Remove the controller's saved image tarballs (image_cache_dir, ~/.cache/ddp-cluster/images).
+	cd ansible && ../$(VENV)/bin/ansible-playbook clean.yml -i localhost,
+
 .PHONY: deploy
 deploy: venv ## Run ansible/deploy.yml on INVENTORY (provision, ship the image, check, train).
 	$(PY) -m app deploy -i $(INVENTORY) $(DEPLOY_ARGS)

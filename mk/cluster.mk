@@ -8,8 +8,6 @@
 # Base images: auto = upstream when present or pullable, else built locally
 # (debootstrap); upstream or local force one. The one switch for offline builds.
 BASE ?= auto
-# The flavour the mini-cluster runs: cuda when GPUS_PER_NODE > 0 (compose.yaml's gpu-* templates), else cpu.
-IMAGE_TAG ?= $(if $(filter-out 0,$(GPUS_PER_NODE)),cuda,cpu)
 # torch of each wheelhouse, where not TORCH_VERSION's (python -m imagebuild image --help).
 TORCH_CPU ?=
 TORCH_CUDA ?=
@@ -36,6 +34,11 @@ CHECK_ARGS ?=
 # Where results land: RESULTS, else the cluster runner's default (asked of the app, not restated).
 RESULTS ?= $(shell PYTHONPATH=$(CURDIR) $(PYTHON) -c 'from app.orchestrate.runner import RESULTS_DIR; print(RESULTS_DIR)')
 
+# The nodes' image: IMAGE, else IMAGE_NAME in the flavour the spec needs, which the app decides (its contract:
+# cuda with GPUS_PER_NODE > 0, else cpu; a spec that fails here is reported by the command that follows).
+FLAVOUR = $(shell $(APP) topology $(SPEC_FLAGS) --format flavour 2>/dev/null)
+IMAGE ?= $(IMAGE_NAME):$(FLAVOUR)
+
 # The host side of the images needs no torch and no dev tools: the builder is stdlib Python, and
 # a small venv of its own (made by the builder) holds pip (the wheelhouse's downloads) and compose v2.
 TOOLS_VENV ?= build/tools-venv
@@ -54,13 +57,13 @@ quote = '$(subst ','\'',$(1))'
 SPEC_FLAGS = $(call knob,--spec,$(SPEC)) $(call knob,--name,$(CLUSTER)) $(call knob,--nodes,$(NODES)) \
 	$(call knob,--nproc-per-node,$(NPROC_PER_NODE)) $(call knob,--gpus-per-node,$(GPUS_PER_NODE)) \
 	$(call knob,--master-port,$(MASTER_PORT)) $(call knob,--max-restarts,$(MAX_RESTARTS)) \
-	$(call knob,--time-limit,$(CLUSTER_TIMEOUT)) --image $(IMAGE_NAME):$(IMAGE_TAG)
+	$(call knob,--time-limit,$(CLUSTER_TIMEOUT))
 # The local targets' processes: NPROC_PER_NODE, else the spec's default (asked of the app, not restated).
 LOCAL_NPROC = $(or $(NPROC_PER_NODE),$(shell $(APP) topology --format nproc-per-node))
 JOB_FLAGS = $(if $(SCRIPT),--script $(call quote,$(SCRIPT)) $(call knob,--args,$(ARGS)),$(call knob,--command,$(JOB)))
 # The cluster runner is the app's own (stdlib only): the host needs no venv to run the cluster.
 APP = PYTHONPATH=$(CURDIR) $(PYTHON) -m app
-CLUSTER_RUN = $(APP) cluster $(1) --results $(RESULTS) $(SPEC_FLAGS)
+CLUSTER_RUN = $(APP) cluster $(1) --results $(RESULTS) $(SPEC_FLAGS) --image $(call quote,$(IMAGE))
 
 .PHONY: engine
 engine: ## Install (Debian: docker.io + compose v2) and start the Docker engine if missing.
@@ -73,7 +76,7 @@ base: ## Build the offline base image LOCAL_BASE_IMAGE (debootstrap + docker imp
 # The knobs' spec is checked first, in about a second: a bad knob fails before the engine or an image is readied.
 .PHONY: cluster-spec
 cluster-spec: ## Check the cluster spec of the knobs (NODES, JOB, ...): every cluster and image target does it first.
-	@$(PYTHON_RUNS) && $(APP) topology $(SPEC_FLAGS) $(JOB_FLAGS) --format compose >/dev/null
+	@$(PYTHON_RUNS) && $(APP) topology $(SPEC_FLAGS) $(JOB_FLAGS) --image $(call quote,$(IMAGE)) --format compose >/dev/null
 
 # The image targets make the engine and the base ready themselves, while the wheelhouse fills.
 .PHONY: image-cpu
@@ -84,6 +87,10 @@ image-cpu: cluster-spec ## Build IMAGE_NAME:cpu (BASE=auto|upstream|local), with
 image-cuda: cluster-spec ## Build IMAGE_NAME:cuda (offline: a stand-in on the local base with CPU torch).
 	@$(IMAGE_BUILD) image --flavour cuda $(IMAGE_FLAGS)
 
+.PHONY: cluster-image
+cluster-image: cluster-spec ## Build the image the cluster's nodes need: IMAGE_NAME:cuda with GPUS_PER_NODE > 0, else :cpu.
+	@$(IMAGE_BUILD) image --flavour $(FLAVOUR) $(IMAGE_FLAGS)
+
 .PHONY: images
 images: image-cpu image-cuda ## Build both workload images (cpu and cuda flavours).
 
@@ -92,15 +99,15 @@ images-test: BASE = local
 images-test: images ## Build both images offline, as CI does (BASE=local).
 
 .PHONY: cluster-up
-cluster-up: cluster-spec image-$(IMAGE_TAG) ## Start NODES x NPROC_PER_NODE containers, run JOB (or SCRIPT), stream rank 0, print the summary.
+cluster-up: cluster-spec cluster-image ## Start NODES x NPROC_PER_NODE containers, run JOB (or SCRIPT), stream rank 0, print the summary.
 	@$(call CLUSTER_RUN,up) $(JOB_FLAGS)
 
 .PHONY: cluster-check
-cluster-check: cluster-spec image-$(IMAGE_TAG) ## Run `app check` across the cluster containers (torchrun, gloo).
+cluster-check: cluster-spec cluster-image ## Run `app check` across the cluster containers (torchrun, gloo).
 	@$(call CLUSTER_RUN,up) --command 'check --json /results/check.json $(CHECK_ARGS)'
 
 .PHONY: cluster-mpi
-cluster-mpi: cluster-spec image-$(IMAGE_TAG) ## Run `app check` (or MPI_JOB/SCRIPT) with mpirun over SSH (compose profile mpi).
+cluster-mpi: cluster-spec cluster-image ## Run `app check` (or MPI_JOB/SCRIPT) with mpirun over SSH (compose profile mpi).
 	@$(call CLUSTER_RUN,up) --launcher mpirun $(if $(SCRIPT),$(JOB_FLAGS),--command $(call quote,$(MPI_JOB)))
 
 .PHONY: cluster-logs

@@ -13,12 +13,12 @@ comm: venv ## Collective bandwidth sweep (app comm) on NPROC_PER_NODE local rank
 	  --json $(RESULTS)/comm/local.json --plot $(RESULTS)/comm/local.png $(COMM_ARGS)
 
 .PHONY: cluster-comm
-cluster-comm: cluster-spec image-$(IMAGE_TAG) ## app comm across the mini-cluster's NODES x NPROC_PER_NODE ranks; results in RESULTS/comm/.
+cluster-comm: cluster-spec cluster-image ## app comm across the mini-cluster's NODES x NPROC_PER_NODE ranks; results in RESULTS/comm/.
 	@$(call CLUSTER_RUN,up) --command 'comm --json /results/comm/cluster.json --plot /results/comm/cluster.png $(COMM_ARGS)'
 
 # One rank per container: the links are between containers.
 cluster-links: NODES = 3
 cluster-links: NPROC_PER_NODE = 1
 .PHONY: cluster-links
-cluster-links: cluster-spec image-$(IMAGE_TAG) ## app links between the mini-cluster's containers (3 x 1); names a slow one; RESULTS/links/.
+cluster-links: cluster-spec cluster-image ## app links between the mini-cluster's containers (3 x 1); names a slow one; RESULTS/links/.
 	@$(call CLUSTER_RUN,up) --command 'links --json /results/links/links.json --plot /results/links/links.png $(LINKS_ARGS)'

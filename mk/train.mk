@@ -36,7 +36,7 @@ scale: venv ## Scaling report at 1, 2, 4 local ranks into build/scale.{json,png}
 	$(PY) -m app scale --json build/scale.json --plot build/scale.png $(SCALE_ARGS)
 
 .PHONY: cluster-scale
-cluster-scale: cluster-spec image-$(IMAGE_TAG) ## Scaling report over the mini-cluster's NODES x NPROC_PER_NODE ranks; RESULTS/scale.{json,png}.
+cluster-scale: cluster-spec cluster-image ## Scaling report over the mini-cluster's NODES x NPROC_PER_NODE ranks; RESULTS/scale.{json,png}.
 	@$(call CLUSTER_RUN,up) --command $(call quote,scale --json /results/scale.json --plot /results/scale.png $(SCALE_ARGS))
 
 $(TV_VENV)/.stamp: pyproject.toml

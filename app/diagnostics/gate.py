@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from app import flags
+from app import contract, events, flags
 from app.atomic import atomic_write_text
 from app.diagnostics import doctor, health
 from app.diagnostics.gate_config import GateConfig
@@ -53,10 +53,6 @@ TRANSFER_BYTES = 1 << 20
 """What a node sends to the rendezvous host and reads back before it rejoins (its link works, end to end)."""
 KEPT_OUT = 3
 """Exit status of a node that the gate keeps out."""
-C10D_PORT = 29400
-"""torchrun's port of a c10d endpoint given without one."""
-STATIC_PORT = 29500
-"""torchrun's --master-port default (a static rendezvous)."""
 Rendezvous = tuple[str, int, bool]
 """(host, port, whether this node serves it)."""
 
@@ -166,10 +162,10 @@ def rendezvous(args_file: Path) -> Rendezvous:
 def rendezvous_of(parsed: argparse.Namespace) -> Rendezvous:
     """(host, port, whether this node serves it) of parsed torchrun arguments."""
     if parsed.rdzv_backend == "static":
-        return parsed.master_addr, parsed.master_port or STATIC_PORT, parsed.node_rank == 0
+        return parsed.master_addr, parsed.master_port or contract.RENDEZVOUS_PORT, parsed.node_rank == 0
     endpoint = parsed.rdzv_endpoint
     host, colon, port = endpoint.rpartition(":")
-    return (host, int(port), False) if colon else (endpoint, C10D_PORT, False)
+    return (host, int(port), False) if colon else (endpoint, contract.C10D_PORT, False)
 
 
 def doctor_view(mine: Node, host: str, port: int, serves: bool) -> ProcessInfo:
@@ -251,8 +247,13 @@ def judge(cfg: GateConfig, mine: Node, where: Rendezvous | None, start: list[hea
 
 
 def passed(judged: Judged, start: list[health.DeviceHealth], took: str) -> str:
+    return f"gate: passed {took}: {judged_figures(judged, start)}"
+
+
+def judged_figures(judged: Judged, start: list[health.DeviceHealth]) -> str:
+    """``cpu 35.0 GFLOP/s, 3.1 GB/s copy against the job's cpu 36.2 GFLOP/s, 3.0 GB/s copy`` (and the transfer)."""
     moved = f"; {judged.transfer}" if judged.transfer else ""
-    return f"gate: passed {took}: {describe(judged.figures)} against the job's {describe(start)}{moved}"
+    return f"{describe(judged.figures)} against the job's {describe(start)}{moved}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -281,12 +282,16 @@ def admit(cfg: GateConfig, where: Rendezvous | None) -> None:
     judged = judge(cfg, mine, where, start)
     if judged.why is None:
         print(passed(judged, start, f"in {time.monotonic() - began:.1f} s"), flush=True)
+        events.write(events.GATE, verdict=events.PASSED, detail=judged_figures(judged, start))
         return
     if not cfg.retry_every:
         raise ClusterError(f"{mine.host} kept out: {judged.why}", KEPT_OUT)
     print(f"gate: kept out: {judged.why}; tried again every {cfg.retry_every:g} s", flush=True)
+    events.write(events.GATE, verdict=events.KEPT_OUT, detail=judged.why, retry_every=cfg.retry_every)
     kept = time.monotonic()
     while judged.why is not None:
         time.sleep(cfg.retry_every)
         judged = judge(cfg, mine, where, start)
-    print(passed(judged, start, f"after {time.monotonic() - kept:.0f} s kept out"), flush=True)
+    waited = round(time.monotonic() - kept)
+    print(passed(judged, start, f"after {waited} s kept out"), flush=True)
+    events.write(events.GATE, verdict=events.PASSED_AFTER, detail=judged_figures(judged, start), waited=waited)

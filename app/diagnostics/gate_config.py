@@ -8,6 +8,7 @@ flags before it imports torch, which its fork server imports at the same time (a
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app import contract
 from app.errors import UsageError
 from app.flags import flag
 
@@ -20,7 +21,7 @@ a figure that falls short is measured once more before it counts)."""
 class GateConfig:
     """Gate: where the job's figures are, what it checks, how it waits."""
 
-    records: Path = field(default=Path("/results/gate"), metadata=flag(metavar="DIR"))
+    records: Path = field(default=Path(contract.RESULTS_DIR, "gate"), metadata=flag(metavar="DIR"))
     """Each node's device figures at the job's start, one <host>.json (every engine mounts the job's results
     at /results)."""
     torchrun_args: Path | None = field(default=None, metadata=flag(metavar="PATH"))

@@ -27,13 +27,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from app import contract
 from app.errors import UsageError
 from app.runtime import launcher
 
 START_METHOD = "forkserver"
 """torch's start method of the ranks: forks of one server that imported the preload."""
-TORCHRUN_PORT = 29500
-"""torchrun's --master-port when none is given."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +72,7 @@ def parse(words: Sequence[str]) -> argparse.Namespace:
     if args.standalone or local_only:
         args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     if args.master_port is None:
-        args.master_port = TORCHRUN_PORT
+        args.master_port = contract.RENDEZVOUS_PORT
     return args
 
 
@@ -121,7 +120,66 @@ def prepare(args: argparse.Namespace, entrypoint: Callable[[Job], None] | None, 
 
 def launch(run: Launch) -> dict:
     """Run torch's elastic agent until the job ends: each local rank's return value (ChildFailedError when a
-    rank failed past the restarts, a rendezvous error when the nodes never met)."""
-    from torch.distributed.launcher.api import elastic_launch
+    rank failed past the restarts, or when ``EventAgent`` stopped restarting; a rendezvous error when the nodes
+    never met)."""
+    from torch.distributed.launcher import api
 
-    return elastic_launch(run.config, run.entrypoint)(*run.args)
+    api.LocalElasticAgent = event_agent()  # the one agent class torch's launch_agent builds, in this process
+    return api.elastic_launch(run.config, run.entrypoint)(*run.args)
+
+
+def event_agent() -> type:
+    """torch's LocalElasticAgent, which also writes each failed attempt's facts to the job's events file
+    (``app.events``) and stops restarting a failure that no restart can cure.
+
+    torch's agent monitors its ranks (``_monitor_workers``): an attempt that failed is a ``RunResult`` whose
+    ``failures`` are torchelastic's ``ProcessFailure`` (exit status or signal, and the rank's error file). Each
+    one becomes a WORKER_FAILED record. Restarts stop (no attempt is left, so torch's agent ends the job with
+    its ChildFailedError, and a GAVE_UP record says why) when a rank ended with status 2 (bad input, the same at
+    every attempt) or when the attempt failed exactly as the one before: the same ranks with the same exit
+    statuses and the same errors (a signal among them: not the script's doing, restarted).
+    """
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    from app import events
+
+    class EventAgent(LocalElasticAgent):
+        _before: frozenset | None = None
+        """The failure of the attempt before: (rank, exit status, error) of each rank that failed."""
+
+        def _monitor_workers(self, worker_group):  # (torch's signature)
+            result = super()._monitor_workers(worker_group)
+            if result.state == WorkerState.FAILED:
+                self._failed(result.failures, worker_group.spec.max_restarts - self._remaining_restarts)
+            return result
+
+        def _failed(self, failures: dict, attempt: int) -> None:
+            seen = set()
+            for rank, failure in sorted(failures.items()):
+                message = error_of(failure)
+                events.write(events.WORKER_FAILED, rank, local_rank=failure.local_rank, exitcode=failure.exitcode,
+                             message=message, attempt=attempt)  # fmt: skip
+                seen.add((rank, failure.exitcode, message))
+            bad = next(((r, m) for r, code, m in sorted(seen) if code == 2), None)
+            signalled = any(code < 0 for _, code, _ in seen)
+            same = seen == self._before and all(message for _, _, message in seen)
+            self._before = None if signalled else frozenset(seen)
+            if bad or (same and not signalled):
+                rank, message = bad or min((r, m) for r, _, m in seen)
+                reason = events.BAD_INPUT if bad else events.REPEATED
+                events.write(events.GAVE_UP, rank, reason=reason, message=message, attempts=attempt + 1)
+                self._remaining_restarts = 0  # torch's agent ends the job: this attempt was the last
+
+    return EventAgent
+
+
+def error_of(failure: Any) -> str:
+    """The error a failed rank wrote to torchelastic's error file (its one line, or its exception); "" when it
+    wrote none (killed, or a script that raised outside ``record``)."""
+    from torch.distributed.elastic.multiprocessing.errors import _NOT_AVAILABLE
+
+    if failure.error_file == _NOT_AVAILABLE:  # torch's mark of a rank that left no error file
+        return ""
+    message = failure.message  # the file's "message": a string, or {"message": ..., "extraInfo": ...}
+    return str(message.get("message", "") if isinstance(message, dict) else message).strip()

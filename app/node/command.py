@@ -25,12 +25,14 @@ said their lines) or the rendezvous failed (one line), 2 bad input, 3 kept out b
 
 import argparse
 import contextlib
+import io
 import os
 import runpy
 import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from app import cli, flags
 from app.diagnostics.gate_config import GateConfig
@@ -137,13 +139,29 @@ def rank_main(job: agent.Job) -> None:
     setproctitle(f"python -u {' '.join(job.words())} [rank {launcher.identity().rank}]")
     if threads := launcher.cpu_threads():
         torch.set_num_threads(threads)  # as a new interpreter would read OMP_NUM_THREADS (the server read none)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(AttributeError, ValueError):  # not a text file: left as it is
-            stream.reconfigure(line_buffering=True)
-    status = run_job(job)
+    sys.stdout, sys.stderr = whole_lines(sys.stdout), whole_lines(sys.stderr)
+    try:
+        status = run_job(job)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):  # a line left without its newline
+                stream.flush()
     cli.finish()
     if status:
         raise SystemExit(status)  # torch's agent reads it as the exit status of torchrun's worker process
+
+
+def whole_lines(stream: TextIO) -> TextIO:
+    """``stream`` line-buffered, so that each line reaches its file in one write. Under ``python -u`` (the image's
+    PYTHONUNBUFFERED) the stream has no buffer and print() writes the text and its newline apart: the ranks of a
+    node share one pipe, and two ranks' lines came out joined (``rank 3 of 4 uprank 2 of 4 up``)."""
+    if not isinstance(getattr(stream, "buffer", None), io.FileIO):
+        with contextlib.suppress(AttributeError, ValueError):  # not a text file: left as it is
+            stream.reconfigure(line_buffering=True)
+        return stream
+    stream.flush()
+    raw = io.FileIO(stream.fileno(), "w", closefd=False)  # sys.__stdout__ keeps the original (and its descriptor)
+    return io.TextIOWrapper(io.BufferedWriter(raw), encoding=stream.encoding, errors=stream.errors, line_buffering=True)
 
 
 class _Exited(BaseException):
@@ -186,11 +204,21 @@ def run_job(job: agent.Job) -> int:
         return exit_status(stop.code)
     except KeyboardInterrupt:
         return 130
-    except BaseException:
+    except BaseException as error:
         sys.excepthook(*sys.exc_info())  # the interpreter's report (torch's [rankN]: prefix once it has a group)
+        record_error(error)
         return 1
     finally:
         os._exit = real_exit
+
+
+def record_error(error: BaseException) -> None:
+    """Write ``error`` to torchelastic's error file (TORCHELASTIC_ERROR_FILE, as ``@record`` does): the agent reads
+    the rank's failure there, not in its output."""
+    from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+    with contextlib.suppress(OSError):
+        get_error_handler().record_exception(error)
 
 
 def exit_status(code: object) -> int:

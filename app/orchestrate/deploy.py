@@ -7,10 +7,15 @@ summary back to runs/ansible/<job>/.
     python -m app deploy -i ansible/inventory/gpu-cluster.yml --check
     python -m app deploy -i inv.yml -e launch_rerun=true -e image_source=pull
     python -m app deploy -i inv.yml -e '{"cluster_spec": {"job": {"command": "check", "launcher": "mpirun"}}}'
-    cd ansible && ansible-playbook deploy.yml -i inventory/gpu-cluster.yml   # the same, directly
+    cd ansible && ../.venv/bin/ansible-playbook deploy.yml -i inventory/gpu-cluster.yml   # the same, directly
 
-Needs ansible and ansible-runner on this machine (pip install 'ddp-cluster[deploy]'), not torch.
-The exit status is 0 when the play succeeded, 1 naming the failed host and task, 2 for bad input.
+Needs ansible and ansible-runner on this machine (`make venv` puts them in .venv; or pip install
+'ddp-cluster[deploy]'), not torch: run it with the venv's Python (.venv/bin/python -m app deploy) or
+with the venv active. Nothing changes on any node before every node answers and every value is
+valid (deploy.yml's check plays). The exit status is 0 when the play succeeded; 2 for bad input
+(flags, the inventory, the cluster spec, two hosts on one address: the check plays' findings,
+nothing changed); 1 when the deploy failed (a node unreachable, a task failed), naming the host and
+the task.
 """
 
 import argparse
@@ -21,7 +26,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app import flags
+from app import flags, logs
 from app.errors import ClusterError, UsageError
 from app.flags import flag
 
@@ -104,16 +109,57 @@ def _result_message(result: dict) -> str:
     return str(result.get("msg") or stderr or "failed").strip()
 
 
-def first_failure(events: list[dict]) -> str:
-    """'host: task: message' of the first failed or unreachable task, or '' when none."""
+CHECK_PLAY = "Check "
+"""How deploy.yml's plays that change nothing begin their names: a failure there is bad input (the
+inventory, the spec, a host's address) and left every node as it was."""
+
+
+GATHER_FACTS = "Gathering Facts"
+"""Ansible's name of a play's first task: a host that fails it answers no task (its container stopped, say)."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The first failed or unreachable task of a run."""
+
+    host: str
+    task: str
+    message: str
+    play: str
+    unreachable: bool
+    """Ansible could not reach the host, or run Python there to gather its facts (a stopped node container)."""
+
+    def error(self) -> UsageError | ClusterError:
+        """The one error of this failure: bad input found by a check play (exit 2), else the deploy failed (1)."""
+        checked = self.play.startswith(CHECK_PLAY)
+        if self.unreachable:
+            before = "; nothing was changed" if checked else ""
+            return ClusterError(
+                f"deploy stopped: {self.host} does not answer ({self.message}): start it, or leave it out of "
+                f"the inventory{before}"
+            )
+        if checked:
+            where = "" if self.host == "localhost" else f"{self.host}: "  # the inventory's own check
+            return UsageError(f"deploy stopped before any change: {where}{self.message}")
+        return ClusterError(f"deploy failed on {self.host}: task '{self.task}': {self.message}")
+
+
+def first_failure(events: list[dict]) -> Failure | None:
+    """The first failed or unreachable task whose error was not ignored, or None."""
     for event in events:
         if event.get("event") in ("runner_on_failed", "runner_on_unreachable"):
             data = event.get("event_data", {})
             if data.get("ignore_errors"):
                 continue
             message = " ".join(_result_message(data.get("res", {})).split())
-            return f"{data.get('host', '?')}: task '{data.get('task', '?')}': {message[:500]}"
-    return ""
+            return Failure(
+                host=str(data.get("host", "?")),
+                task=str(data.get("task", "?")),
+                message=logs.cause_of(message)[:500],
+                play=str(data.get("play", "")),
+                unreachable=event["event"] == "runner_on_unreachable" or data.get("task") == GATHER_FACTS,
+            )
+    return None
 
 
 def ansible_playbook() -> str:
@@ -126,7 +172,8 @@ def ansible_playbook() -> str:
 
 
 def deploy(cfg: DeployConfig) -> int:
-    """Run deploy.yml with ansible-runner and return 0; raise ClusterError when the play fails."""
+    """Run deploy.yml with ansible-runner; return the number of changes (--check: those a real run would
+    make). Raise UsageError when a check play found bad input, ClusterError when the deploy failed."""
     try:
         import ansible_runner
     except ImportError:
@@ -150,14 +197,13 @@ def deploy(cfg: DeployConfig) -> int:
             quiet=cfg.quiet,
         )
         if runner.status == "successful":
-            return 0
+            return sum((runner.stats or {}).get("changed", {}).values())
         if runner.status == "timeout":
             raise ClusterError(f"deploy ran past --timeout {cfg.timeout_s}s and was stopped")
         failure = first_failure(list(runner.events))
-        raise ClusterError(
-            f"deploy failed ({runner.status}, rc={runner.rc})"
-            + (f" on {failure}" if failure else ": see the output above")
-        )
+        if failure is None:
+            raise ClusterError(f"deploy failed (ansible-playbook: {runner.status}): see the output above")
+        raise failure.error()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -171,6 +217,9 @@ def run(args: argparse.Namespace) -> int:
     for item in flags.given(DeployConfig, args).get("extravars", ()):
         extravars |= parse_extravar(item)
     cfg = flags.from_args(DeployConfig, args, extravars=extravars)
-    status = deploy(cfg)
-    print(f"deploy: ok ({'check mode, nothing changed' if cfg.check else 'results in runs/ansible/'})")
-    return status
+    changes = deploy(cfg)
+    if cfg.check:
+        print(f"deploy: ok (check mode: a real run would make {changes} change(s); none was made)")
+    else:
+        print(f"deploy: ok ({changes} change(s); results in runs/ansible/)")
+    return 0

@@ -18,17 +18,25 @@ or stopped by hand) is started again (Docker's restart policy brings back one th
 rendezvous round, the job resuming from its last checkpoint. The rendezvous is a store container of
 its own (``compose.RENDEZVOUS``), so no node's loss ends the job; the job ends when a node's torchrun
 agent ends by itself (0: the job finished; else torchrun gave up) or mpirun's launcher ends.
-Tracebacks, C++ frames, torchrun's banners and every node's output go to the command's one log
-(logs/cluster.log, or --log-dir; ``--verbose`` prints them too): the status line and the error line
-name the same file. Every process ``up`` starts (docker events, logs) ends with it.
+What happened to the job is read from its events file (``app.events``: build/cluster/<name>/events, mounted in
+every container), where each node's torch agent writes every rank that failed (its exit status or signal, and
+its error from torchelastic's error file) and why it gave up, the ranks their one-line errors and resumes, the
+gate its verdicts; the nodes' output is never read for a fault, so a torch release that rewords its lines
+changes nothing here. The terminal shows the streamed node's standard output only; its standard error
+(tracebacks, torch's C++ warnings with their ``frame #`` backtraces, torchrun's report) and every node's output
+go to the command's one log (logs/cluster.log, or --log-dir; ``--verbose`` prints the streamed node's standard
+error too): the status line and the error line name the same file. A node container that runs under a CPU or
+memory limit (``docker update``: the containers are reused from job to job) is one line. Every process ``up``
+starts (docker events, logs) ends with it. ``down`` says what it removed.
 
 What the user sees of a failure (docs/faults.md):
 - one line per restart, once the job runs again: which node or rank failed and why (signal or
   exit status, or the ranks that stopped answering), the step it resumed from and the steps lost:
   ``cluster: restart 1: ddp-cluster-worker-1 (ranks 2-3) stopped with signal 9 (SIGKILL); resumed
   from step 30 (checkpoint ...), 2 steps lost (the failed attempt reached step 32)``;
-- a failure that a restart cannot cure (bad input: exit status 2; a full disk) is not restarted:
-  the rank's one line at once, and the command's own line ``error: not restarted: ...`` says why;
+- a failure that a restart cannot cure (bad input: exit status 2; a full disk; a rank that failed the same way
+  on two attempts in a row, which its agent restarts no more) is not restarted: the rank's one line at once,
+  and the command's own line ``error: not restarted: ...`` says why;
 - the rendezvous store lost ends the job: the nodes are stopped (within STOP_GRACE_S) and the
   command's line names the store;
 - a failure the job did not recover from: the ranks' own one-line errors, then the command's.
@@ -38,7 +46,6 @@ Results are copied to --results.
 import argparse
 import contextlib
 import json
-import re
 import signal
 import subprocess
 import sys
@@ -47,7 +54,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app import flags, progress
+from app import contract, events, flags, progress
 from app.atomic import atomic_write_text
 from app.errors import ClusterError, UsageError
 from app.flags import flag
@@ -56,20 +63,8 @@ from app.topology import compose
 from app.topology.spec import ClusterSpec
 
 STOP_GRACE_S = compose.STOP_GRACE_S
-
-_GLOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\]")
-_RANK_PREFIX = re.compile(r"^\[rank\d+\]:")
-_BANNER = re.compile(
-    r"^(=+|-+|Failures:|Root Cause \(first observed failure\):|\[\d+\]:|\s+<NO_OTHER_FAILURES>"
-    r"|\s+(time|host|rank|exitcode|error_file|traceback)\s*:.*|.+ FAILED)$"
-)
-_WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
-_APP_ERROR = re.compile(r"^error: (?:rank \d+ on \S+: )?(?P<cause>.*?)(?: \[exit (?P<status>\d+)(?:; log \S+)?\])?$")
-_GATE = "gate: "
-"""A node's health gate (app gate): its lines are the runner's to say (``Run.gated``)."""
-_KEPT_OUT, _PASSED_AFTER = f"{_GATE}kept out: ", f"{_GATE}passed after "
-_NO_SPACE = ("No space left on device", "Disk quota exceeded")
-"""What the app's line says (the OS's words for ENOSPC and EDQUOT) when the results volume is full."""
+EVENTS_EVERY_S = 0.5
+"""How often the runner reads the job's events file for new records."""
 CONTAINER, KILLED, SILENT, ERROR, EXITED = range(5)
 """Kinds of failure, the most telling first: a node's container stopped, a rank was killed by a signal,
 ranks stopped answering (the others' report), another error of the app, a rank's exit status."""
@@ -87,73 +82,6 @@ def describe_status(code: int) -> str:
 
 
 @dataclass
-class Filter:
-    """Sorts the lines of a node's output: the app's own lines for the user, the rest for the log.
-
-    A Python traceback, torch's per-rank ``[rankN]:`` copies of it, torchrun's glog lines and its
-    ChildFailedError banner are internals; the app prints its own failures as one ``error:`` line.
-    The exception a traceback ends with is kept: the first one that is not torchrun's own is the
-    root cause when the app could not say it (an import error, say).
-    """
-
-    open_tracebacks: set[str] = field(default_factory=set)
-    """The sources (``""`` or a ``[rankN]:`` prefix) whose traceback is being printed."""
-    cause: str = ""
-    """The first exception of the app's; else the last of torchrun's."""
-    said_error: bool = False
-    """The app printed its own one-line ``error:``."""
-    cause_rank: int | None = None
-    """The global rank whose traceback ended with ``cause`` (None: the launcher's own)."""
-    raised: list[tuple[int, str]] = field(default_factory=list)
-    """The ranks' exceptions not yet taken (``Run.take``): (global rank, exception line)."""
-
-    def is_internal(self, line: str) -> bool:
-        """True for a line that belongs in the log only."""
-        prefix = match[0] if (match := _RANK_PREFIX.match(line)) else ""
-        text = line[len(prefix) :].removeprefix(" ")
-        if text.startswith("error: "):
-            self.said_error = True
-        if text.startswith("Traceback (most recent call last):"):
-            self.open_tracebacks.add(prefix)
-            return True
-        if prefix in self.open_tracebacks:
-            if not text.startswith((" ", "\t")) and text.strip():
-                self.open_tracebacks.discard(prefix)  # the exception's own line ends the traceback
-                rank = int(prefix[5:-2]) if prefix else None
-                self._keep(text.strip(), rank)
-                if rank is not None:
-                    self.raised.append((rank, text.strip()))
-            return True
-        return bool(prefix or _GLOG.match(line) or _BANNER.match(line) or text.startswith(_GATE))
-
-    def _keep(self, exception: str, rank: int | None) -> None:
-        if not self.cause or _is_torchruns(self.cause):  # the app's first exception wins over torchrun's last
-            self.cause, self.cause_rank = exception, rank
-
-
-def _is_torchruns(exception: str) -> bool:
-    return "torch.distributed.elastic" in exception or "ChildFailedError" in exception
-
-
-def root_cause(exception: str, spec: ClusterSpec) -> str:
-    """An exception line of torchrun's, in the user's terms."""
-    if "RendezvousTimeoutError" in exception:
-        return (
-            f"the rendezvous timed out: not all {spec.nodes.nodes} nodes joined within --join-timeout "
-            f"{spec.rendezvous.join_timeout}s (a node that did not start, or cannot reach the head)"
-        )
-    if "RendezvousClosedError" in exception:
-        return "the rendezvous was closed: another node ended the job"
-    return exception
-
-
-def worker_failed(line: str) -> tuple[int, int] | None:
-    """(exit status or -signal, local rank) when ``line`` is torchrun's report of a worker process that ended."""
-    match = _WORKER_FAILED.search(line)
-    return (int(match[1]), int(match[2])) if match else None
-
-
-@dataclass
 class Incident:
     """The failures seen since the job last ran; its cause is the first one of the most telling kind."""
 
@@ -165,6 +93,10 @@ class Incident:
     @property
     def cause(self) -> str:
         return min(self.causes, key=lambda c: c[0])[1] if self.causes else "a rank failed"
+
+
+BAD_INPUT = "bad input fails the same way on every attempt"
+"""Why a job whose rank said its input is bad (exit status 2) is not restarted."""
 
 
 @dataclass(frozen=True)
@@ -198,13 +130,12 @@ class Run:
     gave_up: Stopped | None = None
     """Why the job was stopped rather than restarted (None: it was not)."""
     raised: dict[int, str] = field(default_factory=dict)
-    """Global rank -> the exception its traceback ended with, in the current attempt."""
-    failed_before: dict[int, str] = field(default_factory=dict)
-    """Global rank -> the exception it failed with in the attempt before (``repeated``)."""
+    """Global rank -> ``rank R on NODE: ERROR``: the error it failed with in this incident (torchelastic's error
+    file, as its agent read it)."""
+    causes: dict[int | None, str] = field(default_factory=dict)
+    """Global rank (None: a node's own command) -> the cause of its last one-line error."""
     gone: set[str] = field(default_factory=set)
     """Node containers that will not come back (no restarts left, or removed)."""
-    filters: dict[str, Filter] = field(default_factory=dict)
-    """Each followed container's output filter: the exception a rank failed with."""
     ended: threading.Event = field(default_factory=threading.Event)
     """Set once the job is over (``end``)."""
     status: int = 1
@@ -267,88 +198,82 @@ class Run:
             self.incident.add(kind, text)
         self.log(f"cluster: failure: {text}")
 
-    def observe(self, node: str, line: str) -> bool:
-        """Take note of a failure or a resume that ``line`` of ``node``'s output reports; True when it did."""
-        if ended := worker_failed(line):
-            code, local_rank = ended
-            kind = KILLED if code < 0 and code != -signal.SIGTERM else EXITED  # torchrun stops the others with TERM
-            self.failure(kind, f"{self.rank_name(node, local_rank)} ended with {describe_status(code)}")
-            if code == 2:
-                self.give_up("bad input fails the same way on every attempt", 2)
-            elif code > 0:
-                self.repeated(node, local_rank)
-            return True
-        if line.startswith("error: "):
-            self.app_error(line)
-            return True
-        if line.startswith((_KEPT_OUT, _PASSED_AFTER)):
-            self.gated(node, line)
-            return True
-        if resumed := progress.parse(line):
-            self.resumed(resumed, line)
-            return True
-        return False
+    def on_event(self, record: dict) -> None:
+        """One record of the job's events file (``app.events``): a failure, a resume, a gate's verdict, or why a
+        node's agent restarts no more. The runner knows what happened from these facts alone."""
+        kind = record.get("kind")
+        node = self.container_of(str(record.get("node") or "?"))
+        if kind == events.WORKER_FAILED:
+            self.worker_failed(node, record)
+        elif kind == events.ERROR:
+            self.app_error(record)
+        elif kind == events.GAVE_UP:
+            self.agent_gave_up(node, record)
+        elif kind == events.RESUMED:
+            self.resumed(progress.Resumed(int(record["from_step"]), record.get("checkpoint"), record.get("reached")))
+        elif kind == events.GATE:
+            self.gated(node, record)
 
-    def gated(self, node: str, line: str) -> None:
-        """A node's gate kept it out (not a restart: nothing is counted), or let it in after keeping it out."""
-        container = self.container_of(node)
-        if line.startswith(_PASSED_AFTER):
-            passed = line.removeprefix(f"{_GATE}passed ")
-            self.say(f"cluster: node {container} passed its gate {passed}; it joins at the next rendezvous round")
-            return
-        shape = self.spec.nodes
-        going_on = f"; the job goes on with the other nodes (--min-nodes {shape.min_nodes})" if shape.elastic else ""
-        self.say(f"cluster: node {container} {line.removeprefix(_GATE)}{going_on}")
+    def worker_failed(self, node: str, record: dict) -> None:
+        """A node's agent saw a rank's process end (torchelastic's ``ProcessFailure``)."""
+        code, rank = int(record["exitcode"]), record.get("rank")
+        kind = KILLED if code < 0 and code != -signal.SIGTERM else EXITED  # the agent stops the others with TERM
+        where = f"local rank {record.get('local_rank')} on {node}"
+        self.failure(kind, f"rank {rank} ({where}) ended with {describe_status(code)}")
+        if record.get("message") and rank is not None:
+            with self.lock:
+                self.raised[int(rank)] = f"rank {rank} on {node}: {record['message']}"
 
-    def take(self, node: str, filt: Filter, line: str) -> bool:
-        """``filt``'s reading of ``line`` of ``node``'s output (True: internal); the exceptions it ended noted."""
-        internal = filt.is_internal(line)
-        with self.lock:
-            self.raised.update(filt.raised)
-        filt.raised.clear()
-        return internal
-
-    def repeated(self, node: str, local_rank: int) -> None:
-        """A rank ended with an exit status: when it failed with the same exception in the attempt before (and no
-        container or signal was the cause), every restart would fail the same way: the job is stopped."""
-        ranks = self.node_ranks(self.container_of(node))
-        rank = ranks[local_rank] if local_rank < len(ranks) else None
-        with self.lock:
-            exception = self.raised.pop(rank, None) if rank is not None else None
-            external = any(kind in (CONTAINER, KILLED) for kind, _ in self.incident.causes) if self.incident else False
-            before = self.failed_before.get(rank) if rank is not None else None
-            if rank is not None and exception:
-                self.failed_before[rank] = exception
-        if exception and exception == before and not external:
-            self.give_up(
-                f"{self.where(rank)} failed the same way on two attempts in a row ({exception}): a restart cannot "
-                "cure it; fix the script, then run the job again",
-                1,
-            )
-
-    def app_error(self, line: str) -> None:
+    def app_error(self, record: dict) -> None:
         """A rank's one-line error: held back while the job may resume; a hopeless one stops the job."""
-        match = _APP_ERROR.match(line)
-        cause = match["cause"] if match else line
-        self.failure(SILENT if " stopped answering: " in cause else ERROR, cause)
+        line, cause = str(record.get("line", "")), str(record.get("cause", ""))
+        self.failure(SILENT if record.get("reason") == events.PEERS_LOST else ERROR, cause)
         with self.lock:
             self.errors.append(line)
-        if any(words in line for words in _NO_SPACE):
+            self.causes[record.get("rank")] = cause
+        if record.get("reason") == events.NO_SPACE:
             self.give_up(
                 f"every attempt would run out of disk the same way; free space in the volume "
                 f"{self.spec.job.name}_results, then run the job again: it resumes from its last checkpoint",
                 1,
                 line,
             )
-        elif match and match["status"] == "2":
-            self.give_up("bad input fails the same way on every attempt", 2, line)
+        elif record.get("status") == 2:
+            self.give_up(BAD_INPUT, 2, line)
 
-    def resumed(self, resumed: progress.Resumed, line: str) -> None:
+    def agent_gave_up(self, node: str, record: dict) -> None:
+        """A node's agent restarts its ranks no more: bad input, or the same failure on two attempts in a row."""
+        if record.get("reason") == events.BAD_INPUT:
+            self.give_up(BAD_INPUT, 2)
+            return
+        rank, attempts = record.get("rank"), int(record.get("attempts", 2))
+        cause = self.causes.get(rank) or str(record.get("message", ""))
+        self.give_up(
+            f"rank {rank} on {node} failed the same way on attempts {attempts - 1} and {attempts} ({cause}): a "
+            "restart cannot cure it; fix the script, then run the job again",
+            1,
+        )
+
+    def gated(self, node: str, record: dict) -> None:
+        """A node's gate kept it out (not a restart: nothing is counted), or let it in after keeping it out."""
+        verdict, detail = record.get("verdict"), record.get("detail", "")
+        if verdict == events.PASSED_AFTER:
+            waited = f"after {record.get('waited')} s kept out"
+            self.say(f"cluster: node {node} passed its gate {waited}: {detail}; it joins at the next rendezvous round")
+        elif verdict == events.KEPT_OUT:
+            shape = self.spec.nodes
+            going_on = f"; the job goes on with the other nodes (--min-nodes {shape.min_nodes})"
+            going_on = going_on if shape.elastic else ""
+            retry = f"; tried again every {float(record.get('retry_every', 0)):g} s"
+            self.say(f"cluster: node {node} kept out: {detail}{retry}{going_on}")
+
+    def resumed(self, resumed: progress.Resumed) -> None:
         """The job runs again: one line for the restart, with the failure's cause."""
         with self.lock:
             incident, self.incident, self.errors = self.incident, None, []
+            self.raised.clear()
         if incident is None:  # a run that continues an earlier job
-            self.say(f"cluster: {line.removeprefix('train: ')}")
+            self.say(f"cluster: {resumed.line().removeprefix('train: ')}")
             return
         self.resumptions += 1
         self.say(f"cluster: restart {self.resumptions}: {incident.cause}; {resumed.line().removeprefix('train: ')}")
@@ -397,18 +322,6 @@ class Run:
         """The container of a service's node (``worker-1`` -> ``ddp-cluster-worker-1``)."""
         return node if node.startswith(f"{self.spec.job.name}-") else f"{self.spec.job.name}-{node}"
 
-    def where(self, rank: int) -> str:
-        """``rank 1 on ddp-cluster-head-1`` (a torchrun job: c10d's node order, ``compose.rank_order``)."""
-        node = next((c for c in compose.rank_order(self.spec) if rank in self.node_ranks(c)), None)
-        return f"rank {rank} on {node}" if node else f"rank {rank}"
-
-    def rank_name(self, node: str, local_rank: int) -> str:
-        """``rank 3 (local rank 1 on ddp-cluster-worker-1)``."""
-        container = self.container_of(node)
-        ranks = self.node_ranks(container)
-        where = f"local rank {local_rank} on {container}"
-        return f"rank {ranks[local_rank]} ({where})" if local_rank < len(ranks) else where
-
 
 def _docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     try:
@@ -429,15 +342,13 @@ def _ends_with(stop: threading.Event, proc: subprocess.Popen) -> subprocess.Pope
 
 
 def _follow(run: Run, stop: threading.Event, since: float) -> None:
-    """Print the streamed node's app lines (``Run.main_container``); internals and every other node's output go
-    to the log, and every node's failures become one line each.
+    """Every node's output, stdout and stderr (tracebacks, torch's C++ lines and their ``frame #`` backtraces,
+    torchrun's banners), into the log; nothing of it to the terminal (``_stream``).
 
-    ``compose logs --follow`` ends when the containers it follows stop; it is started again
-    (from the last line seen) as long as the job runs, so a restarted node is followed too; once the job
-    is over, one last pass reads every line of this run that was missed. ``--since`` includes its own
-    time, and a container that compose starts again keeps its earlier runs' output: the lines read
-    again are skipped, or a stopped node's last line (its error, say) would be taken again every second
-    until the node is back.
+    ``compose logs --follow`` ends when the containers it follows stop; it is started again (from the last
+    line seen) as long as the job runs, so a restarted node is followed too; once the job is over, one last
+    pass reads every line of this run that was missed. ``--since`` includes its own time, and a container
+    that compose starts again keeps its earlier runs' output: the lines read again are skipped.
     """
     services = [*([compose.LAUNCHER] if run.spec.job.launcher == "mpirun" else []), *run.nodes]
     after = f"{since:.3f}"  # this run's lines only
@@ -454,7 +365,9 @@ def _follow(run: Run, stop: threading.Event, since: float) -> None:
                 service, _, rest = raw.rstrip("\n").partition(" | ")
                 if (service.strip(), rest) not in seen:
                     seen.add((service.strip(), rest))
-                    after = _take_line(run, service.strip(), rest) or after
+                    stamp, _, line = rest.partition(" ")
+                    run.log(f"{service.strip()}: {line}")
+                    after = stamp or after
         finally:
             proc.kill()
             proc.wait()
@@ -463,16 +376,48 @@ def _follow(run: Run, stop: threading.Event, since: float) -> None:
         stop.wait(1)
 
 
-def _take_line(run: Run, service: str, rest: str) -> str:
-    """One line of ``compose logs --timestamps`` (``service | time line``): logged, its failure noted, printed
-    when it is the streamed node's and not internal. Returns its time stamp."""
-    stamp, _, line = rest.partition(" ")
-    node = run.container_of(service)
-    run.log(f"{service}: {line}")
-    internal = run.take(node, run.filters.setdefault(node, Filter()), line)
-    if not run.observe(node, line) and node == run.main_container and (not internal or run.verbose):
-        print(line, flush=True)
-    return stamp
+def _stream(run: Run, stop: threading.Event, since: float) -> None:
+    """Print the standard output of the streamed node (``Run.main_container``): the app's own lines. Its standard
+    error (tracebacks, torch's C++ warnings and their backtraces, torchrun's report) stays in the log; with
+    ``--verbose`` it is printed too. ``docker logs`` keeps the two apart; it ends when the container stops, and
+    is started again (on the streamed node then: the head lost, the next node) as long as the job runs; once the
+    job is over, one last pass prints what was missed."""
+    seen: set[tuple[str, str]] = set()
+    while True:
+        follow = not stop.is_set()
+        container = run.main_container
+        args = ["docker", "logs", *(["--follow"] if follow else []), "--timestamps", "--since", f"{since:.3f}",
+                container]  # fmt: skip
+        errors = subprocess.STDOUT if run.verbose else subprocess.DEVNULL
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=errors, text=True)
+        proc = _ends_with(stop, proc) if follow else proc
+        try:
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                if (container, raw) not in seen:
+                    seen.add((container, raw))
+                    print(raw.rstrip("\n").partition(" ")[2], flush=True)
+        finally:
+            proc.kill()
+            proc.wait()
+        if not follow:
+            return
+        stop.wait(1)
+
+
+def _read_events(run: Run, stop: threading.Event, offset: int) -> None:
+    """The job's events file (``app.events``) from ``offset`` (its length when the job started): each new record
+    logged and taken (``Run.on_event``); once the job is over, one last read."""
+    path = compose.events_file(run.folder)
+    while True:
+        last = stop.is_set()
+        records, offset = events.read(path, offset)
+        for record in records:
+            run.log(f"event: {json.dumps(record)}")
+            run.on_event(record)
+        if last:
+            return
+        stop.wait(EVENTS_EVERY_S)
 
 
 def _watch_nodes(run: Run, stop: threading.Event, since: float) -> None:
@@ -575,10 +520,29 @@ def _prepare(args: argparse.Namespace) -> Run:
     for name, text in compose.cluster_files(spec, folder).items():
         atomic_write_text(folder / name, text)
     log_file = getattr(args, "log_file", None) or args.state_dir / f"{spec.job.name}.log"  # the command's log
+    events_file = compose.events_file(folder)  # every container's agent and ranks append to it, as their user
+    events_file.parent.mkdir(parents=True, exist_ok=True)
+    events_file.touch()
+    events_file.parent.chmod(0o777)
+    events_file.chmod(0o666)
     return Run(spec, folder, Path(log_file).resolve(), args.verbose)
 
 
+def _project_objects(run: Run) -> list[tuple[str, str]]:
+    """(kind, name) of every container, network and volume that carries this project's compose label."""
+    label = f"label=com.docker.compose.project={run.spec.job.name}"
+    listings = {
+        "container": ("ps", "-a", "--format", "{{.Names}}"),
+        "network": ("network", "ls", "--format", "{{.Name}}"),
+        "volume": ("volume", "ls", "--format", "{{.Name}}"),
+    }
+    found = {kind: _docker(*listing, "--filter", label).stdout.split() for kind, listing in listings.items()}
+    return [(kind, name) for kind, names in found.items() for name in names]
+
+
 def _down(run: Run) -> int:
+    """Remove the project's containers, network and volumes; one line says what was removed."""
+    there = _project_objects(run)
     done = subprocess.run(
         run.compose("down", "--volumes", "--remove-orphans", "--timeout", str(STOP_GRACE_S), every_profile=True),
         capture_output=True,
@@ -586,16 +550,46 @@ def _down(run: Run) -> int:
         timeout=180,
         check=False,
     )
-    label = f"label=com.docker.compose.project={run.spec.job.name}"
-    left = [
-        *_docker("ps", "-aq", "--filter", label).stdout.split(),
-        *_docker("network", "ls", "-q", "--filter", label).stdout.split(),
-        *_docker("volume", "ls", "-q", "--filter", label).stdout.split(),
-    ]
+    left = _project_objects(run)
     if done.returncode != 0 or left:
         detail = (done.stderr.strip().splitlines() or [""])[-1]
-        raise ClusterError(f"cluster-down left {' '.join(left) or 'an error'} behind for {run.spec.job.name}: {detail}")
+        names = " ".join(name for _, name in left)
+        raise ClusterError(f"cluster-down left {names or 'an error'} behind for {run.spec.job.name}: {detail}")
+    run.say(f"cluster: {run.spec.job.name}: {removed(there)}")
     return 0
+
+
+def removed(objects: list[tuple[str, str]]) -> str:
+    """``removed 3 containers (a, b, c), 1 network (n), 2 volumes (v, w)``, or that there was nothing to remove."""
+    parts = []
+    for kind in ("container", "network", "volume"):
+        names = sorted(name for k, name in objects if k == kind)
+        if names:
+            parts.append(f"{len(names)} {kind}{'s' if len(names) > 1 else ''} ({', '.join(names)})")
+    return f"removed {', '.join(parts)}" if parts else "nothing to remove (no container, network or volume)"
+
+
+def _limits(run: Run) -> None:
+    """One line for each node container that runs under a CPU or memory limit: the containers are reused from job
+    to job, so a ``docker update --cpus`` of an earlier one would silently slow this job."""
+    names = [run.container_of(service) for service in run.nodes]
+    shown = _docker("inspect", "--format", "{{.Name}} {{.HostConfig.NanoCpus}} {{.HostConfig.CpuQuota}} "
+                    "{{.HostConfig.CpuPeriod}} {{.HostConfig.Memory}}", *names).stdout  # fmt: skip
+    for row in shown.splitlines():
+        name, *numbers = row.split()
+        numbers_ok = len(numbers) == 4 and all(n.lstrip("-").isdigit() for n in numbers)
+        if numbers_ok and (limit := describe_limits(*(int(n) for n in numbers))):
+            run.say(f"cluster: {name.lstrip('/')} runs under a limit: {limit}; it slows the job (it was set on "
+                    "the container, which jobs reuse): make cluster-down removes it")  # fmt: skip
+
+
+def describe_limits(nano_cpus: int, cpu_quota: int, cpu_period: int, memory: int) -> str:
+    """``0.5 CPUs, 512 MiB of memory`` for a container's HostConfig limits ("" for none)."""
+    cpus = nano_cpus / 1e9 if nano_cpus else cpu_quota / (cpu_period or 100_000) if cpu_quota > 0 else 0
+    parts = [f"{cpus:g} CPUs"] if cpus else []
+    if memory > 0:
+        parts.append(f"{memory / 2**20:g} MiB of memory")
+    return ", ".join(parts)
 
 
 def _up(run: Run, results: Path) -> int:
@@ -607,7 +601,7 @@ def _up(run: Run, results: Path) -> int:
     run.log_file.parent.mkdir(parents=True, exist_ok=True)
     run.log(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} cluster up {spec.job.name}")  # a log holds every run's lines
     stop = threading.Event()
-    start, since = time.monotonic(), time.time()
+    start, since, offset = time.monotonic(), time.time(), events.size(compose.events_file(run.folder))
     # Detached: compose starts the store and the nodes (once the store is healthy) and returns; the
     # job's end is a node's agent ending by itself (mpirun's launcher ending), whatever is lost meanwhile.
     services = [compose.LAUNCHER] if spec.job.launcher == "mpirun" else []  # mpirun: the launcher and its workers
@@ -617,9 +611,12 @@ def _up(run: Run, results: Path) -> int:
     if _docker("inspect", run.main_container).returncode != 0:
         detail = (started.stderr.strip().splitlines() or ["no output"])[-1]
         raise ClusterError(f"the cluster did not start: {detail}: see {run.log_file}")
+    _limits(run)
     threads = [
         threading.Thread(target=_watch_nodes, args=(run, stop, since), daemon=True),
+        threading.Thread(target=_read_events, args=(run, stop, offset), daemon=True),
         threading.Thread(target=_follow, args=(run, stop, since), daemon=True),
+        threading.Thread(target=_stream, args=(run, stop, since), daemon=True),
     ]
     try:
         for thread in threads:
@@ -635,7 +632,8 @@ def _up(run: Run, results: Path) -> int:
     finally:
         stop.set()  # ends the processes the threads read (docker events, compose logs)
     elapsed = time.monotonic() - start
-    threads[-1].join(timeout=60)  # its last pass: the lines of this run it had not read
+    for thread in threads[1:]:
+        thread.join(timeout=60)  # their last pass: the records and lines of this run not yet read
     status = run.gave_up.status if run.gave_up else run.status
     if 0 < status < 128 and not run.gave_up:
         run.unresolved()
@@ -643,11 +641,11 @@ def _up(run: Run, results: Path) -> int:
     run.say(f"cluster: job exit status {status} after {elapsed:.0f}s; logs: {run.log_file} and make cluster-logs; "
             "remove: make cluster-down")  # fmt: skip
     if status:
-        raise ClusterError(_failure(run, status, run.filters.get(run.main_container, Filter())), status)
+        raise ClusterError(_failure(run, status), status)
     return 0
 
 
-def _failure(run: Run, status: int, output: Filter) -> str:
+def _failure(run: Run, status: int) -> str:
     """The job's failure in one line: not restarted, ran out of time, a container lost, or the root cause."""
     spec = run.spec
     if run.gave_up:
@@ -663,9 +661,8 @@ def _failure(run: Run, status: int, output: Filter) -> str:
             f"{ended_by} ended with {describe_status(status)}: the job cannot go on without it; the other nodes were "
             "stopped; run the job again to resume from its last checkpoint"
         )
-    if output.cause and not output.said_error:
-        where = run.where(output.cause_rank) if output.cause_rank is not None else run.main_container
-        return f"{where}: {root_cause(output.cause, spec)}"
+    if run.raised and not run.errors:  # a rank's exception (a script's), which no line of the app's told
+        return run.raised[min(run.raised)]
     which = f"{ended_by} (rank 0's node)" if ended_by == run.main_container else ended_by
     return f"the job failed: {which} ended with {describe_status(status)}; see above"
 
@@ -673,7 +670,7 @@ def _failure(run: Run, status: int, output: Filter) -> str:
 def _collect(run: Run, results: Path, elapsed: float) -> None:
     """Copy the results volume home (through rank 0's node) and print the newest summary written during this job."""
     results.mkdir(parents=True, exist_ok=True)
-    copied = _docker("cp", f"{run.main_container}:/results/.", f"{results}/", timeout=300)
+    copied = _docker("cp", f"{run.main_container}:{contract.RESULTS_DIR}/.", f"{results}/", timeout=300)
     if copied.returncode != 0:
         return
     fresh = [p for p in results.rglob("summary.json") if p.stat().st_mtime >= time.time() - elapsed - 5]
@@ -689,7 +686,21 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "down":
         return _down(job)
     if args.action == "logs":
-        return subprocess.run(
+        status = subprocess.run(
             job.compose("logs", "--no-color", "--timestamps", every_profile=True), check=False
         ).returncode
+        records, _ = events.read(compose.events_file(job.folder))
+        for record in records:  # what happened to the jobs, after what their nodes said
+            print(describe_event(record))
+        return status
     return _up(job, args.results)
+
+
+def describe_event(record: dict) -> str:
+    """``events | 2026-11-27T06:10:01 ddp-cluster-worker-1 rank 3: worker_failed exitcode=-9 ...``: one record of
+    the events file, as ``cluster logs`` prints it after the nodes' output."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(float(record.get("time", 0))))
+    who = f"{record.get('node')}" + (f" rank {record['rank']}" if record.get("rank") is not None else "")
+    fields = " ".join(f"{key}={json.dumps(value)}" for key, value in record.items()
+                      if key not in ("time", "node", "rank", "kind"))  # fmt: skip
+    return f"events | {stamp} {who}: {record.get('kind')} {fields}".rstrip()

@@ -10,12 +10,11 @@ Kubernetes manifests) share these names, so that what one writes the other reads
 
 from dataclasses import dataclass
 
+from app import contract
 from app.errors import UsageError
 
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
-DEFAULT_MASTER_PORT = 29500
-"""torchrun's default rendezvous port, used wherever a launcher gives none."""
 PORT_MIN, PORT_MAX = 1024, 65535
 """Rendezvous ports: every process of a job runs as an unprivileged user, which cannot bind below 1024."""
 
@@ -106,6 +105,11 @@ def check_port(port: int, name: str = MASTER_PORT) -> int:
     if not PORT_MIN <= port <= PORT_MAX:
         raise UsageError(
             f"{name}={port} must be in {PORT_MIN}-{PORT_MAX}: the job's processes run unprivileged "
-            f"and cannot bind lower ports; the default is {DEFAULT_MASTER_PORT}"
+            f"and cannot bind lower ports; the default is {contract.RENDEZVOUS_PORT}"
         )
     return port
+
+
+EVENTS_FILE = "DDP_CLUSTER_EVENTS_FILE"
+"""The job's events file (``app.events``): where every node agent and rank appends what happened to the job, as
+facts; the cluster runner reads them. Unset: no events are written."""

@@ -17,7 +17,7 @@ torchrun started by srun, is described by the innermost one):
 5. None of these: a single process (world size 1).
 
 The variable names and defaults are ``envvars``' (shared with the renderers of launch files).
-MASTER_PORT defaults to 29500 (torchrun's default) where a launcher gives none. The node rank of
+MASTER_PORT defaults to contract.RENDEZVOUS_PORT (torchrun's default) where a launcher gives none. The node rank of
 the MPI launchers is rank // local world size (their default by-slot mapping). Besides the rank,
 ``detect`` captures everything else the job will ever read from its environment (torchrun's
 restart count and agent store, the interface chosen for gloo/NCCL, the host name): other modules
@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from app import contract
 from app.errors import UsageError
 from app.runtime import envvars, hostlist
 from app.runtime.envvars import RankVariables
@@ -344,7 +345,7 @@ def detect(env: Mapping[str, str] | None = None, *, need_master: bool = True) ->
     if fields["launcher"] is Launcher.SLURM:
         addr, port = _slurm_master(env)
     else:
-        addr, port = _master(env, None, envvars.DEFAULT_MASTER_PORT)
+        addr, port = _master(env, None, contract.RENDEZVOUS_PORT)
     ifname = this_node(env).ifname
     nodes, nodes_by = _named_nodes(env)
     info = ProcessInfo(
@@ -365,6 +366,12 @@ def detect(env: Mapping[str, str] | None = None, *, need_master: bool = True) ->
             f"{info.world_size}) but {unset} set: {hint} or pass --init-method file:///shared/dir/rendezvous"
         )
     return info
+
+
+def events_file(env: Mapping[str, str] | None = None) -> str | None:
+    """The job's events file (``app.events``), or None where the job keeps none."""
+    env = os.environ if env is None else env
+    return env.get(envvars.EVENTS_FILE) or None
 
 
 def environment() -> dict[str, str]:

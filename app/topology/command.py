@@ -15,8 +15,9 @@
 The spec comes from its defaults, a TOML file (``--spec``; or ``--spec-json``, what ``--format json``
 prints) and the flags below, the flags winning. Hosts by name come from
 ``--hosts NAME:SLOTS,...`` (like ``mpirun -H``) or an OpenMPI hostfile (``--hostfile``: ``NAME
-slots=N`` per line, ``#`` comments); the first host serves the rendezvous unless ``--master-addr``
-says otherwise. ``--format torchrun`` with ``--node-rank`` gives a static rendezvous, else c10d.
+slots=N`` per line, ``#`` comments; a line without ``slots=`` is one slot, where OpenMPI would count
+the node's cores); the first host serves the rendezvous unless ``--master-addr`` says otherwise.
+``--format torchrun`` with ``--node-rank`` gives a static rendezvous, else c10d.
 A bad value is one line naming the flag (or spec key) and the fix, exit status 2.
 """
 
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from app import flags
+from app import contract, flags
 from app.atomic import atomic_write_text
 from app.errors import UsageError
 from app.topology import compose, kube, render, slurm, spec, sshkeys, trainjob
@@ -132,6 +133,11 @@ FORMATS: dict[str, tuple[Renderer, str]] = {
         "Kubeflow Trainer v2: our ClusterTrainingRuntime (torch policy, hardened JobSet, --max-restarts)",
     ),
     "nproc-per-node": (lambda r: f"{r.spec.nodes.nproc_per_node}\n", "processes per node (make's local targets)"),
+    "flavour": (
+        lambda r: f"{contract.flavour(r.spec.nodes.gpus_per_node)}\n",
+        "the image flavour the nodes need: cuda with --gpus-per-node > 0, else cpu (make's image targets)",
+    ),
+    "image": (lambda r: f"{r.spec.job.image}\n", "the workload image: --image, else IMAGE_NAME:<flavour>"),
     "doc": (_doc, "the spec's keys as a Markdown table (docs/engines.md)"),
 }
 """Every format: its renderer (text, or files by name for --output-dir) and one line of help."""
@@ -165,7 +171,7 @@ class SpecSource:
     spec_json: str | None = field(default=None, metadata=flags.flag(exclusive="source", metavar="JSON"))
     """The spec as JSON (what --format json prints)."""
     hostfile: Path | None = field(default=None, metadata=flags.flag(metavar="FILE"))
-    """The hosts from an OpenMPI hostfile."""
+    """The hosts from an OpenMPI hostfile (a line without slots=N: 1 slot, not OpenMPI's count of the node's cores)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -198,10 +204,15 @@ def _tables(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     merged = {name: {**tables.get(name, {}), **flags.given(cls, args)} for name, cls in spec.SECTIONS.items()}
     if args.hostfile is not None:
         try:
-            merged["nodes"]["hosts"] = spec.parse_hostfile(args.hostfile.read_text(), str(args.hostfile))
+            text = args.hostfile.read_text()
         except OSError as error:
             raise UsageError(f"cannot read --hostfile {args.hostfile}: {error.strerror}") from None
+        merged["nodes"]["hosts"] = spec.parse_hostfile(text, f"--hostfile {args.hostfile}", note=_note)
     return merged
+
+
+def _note(text: str) -> None:
+    print(f"note: {text}", file=sys.stderr)
 
 
 def spec_from_args(args: argparse.Namespace) -> ClusterSpec:

@@ -21,21 +21,15 @@ import json
 import os
 import shlex
 import stat
-import sys
 from pathlib import Path
 
+from app import contract
 from app.errors import UsageError
+from app.runtime import envvars
 from app.topology import render
 from app.topology.spec import ClusterSpec, Host
 
-
-def _compose_file() -> Path:
-    """The checkout's compose.yaml, or where pip installed the same file (pyproject's data-files)."""
-    checkout = Path(__file__).resolve().parents[2] / "compose.yaml"
-    return checkout if checkout.is_file() else Path(sys.prefix) / "share" / "ddp-cluster" / "compose.yaml"
-
-
-COMPOSE_FILE = _compose_file()
+COMPOSE_FILE = contract.shipped(contract.COMPOSE_FILE)
 """The compose file of the mini-cluster: the repository's, or the installed package's copy of it."""
 GPU_TEMPLATE = "gpu-"
 """The prefix of compose.yaml's node templates when the spec has --gpus-per-node > 0 (gpu-worker)."""
@@ -47,8 +41,6 @@ RENDEZVOUS = "rendezvous"
 """The service of the c10d rendezvous store (torchrun's --rdzv-endpoint): its loss alone ends the job."""
 WORKER, MPI_WORKER, LAUNCHER = "worker", "mpi-worker", "launcher"
 """The other services: torchrun's workers, the mpi profile's sshd nodes and its mpirun launcher."""
-SCRIPT_MOUNT = "/job"
-"""Where a user's script folder is mounted read-only in every container."""
 STOP_GRACE_S = 10
 """Seconds a container has to stop before it is killed (compose's stop_grace_period, the runner's stops)."""
 SHM_SIZE, GPU_SHM_SIZE = "1gb", "8gb"
@@ -57,6 +49,14 @@ OMP_THREADS = 1
 """OMP_NUM_THREADS of every rank: the containers share the machine's cores."""
 NODE_FILES, NO_SCRIPT = "node", "job"
 """Folders of the rendered files: what every node reads at /cluster (read-only); /job without --script."""
+EVENTS, EVENTS_MOUNT, EVENTS_NAME = "events", "/events", "events.jsonl"
+"""The job's events (``app.events``): the folder beside the rendered files, where every container mounts it, and
+the file's name in it."""
+
+
+def events_file(folder: Path) -> Path:
+    """The events file of the cluster rendered into ``folder``, on the host."""
+    return Path(folder) / EVENTS / EVENTS_NAME
 
 
 def check(spec: ClusterSpec) -> None:
@@ -135,9 +135,8 @@ def script_dir(spec: ClusterSpec) -> Path | None:
 
 def job_line(spec: ClusterSpec) -> str:
     """The job as the node's command line shows it (after torchrun, or the mpirun launcher's)."""
-    argv = (
-        render.python_argv(spec, SCRIPT_MOUNT) if spec.job.launcher == "mpirun" else render.job_argv(spec, SCRIPT_MOUNT)
-    )
+    by_launcher = render.python_argv if spec.job.launcher == "mpirun" else render.job_argv
+    argv = by_launcher(spec, contract.JOB_DIR)
     return shlex.join(argv)
 
 
@@ -165,6 +164,9 @@ def env_file(spec: ClusterSpec, folder: Path) -> str:
         "STOP_GRACE": f"{STOP_GRACE_S}s",
         "SCRIPT_DIR": os.fspath(script_dir(spec) or folder / NO_SCRIPT),
         "NODE_FILES": os.fspath(folder / NODE_FILES),
+        "EVENTS_DIR": os.fspath(folder / EVENTS),
+        "EVENTS_MOUNT": EVENTS_MOUNT,
+        "EVENTS_FILE": f"{EVENTS_MOUNT}/{EVENTS_NAME}",
     }
     return "".join(f"{key}={_quoted(str(value))}\n" for key, value in values.items())
 
@@ -175,7 +177,7 @@ def nodes_file(spec: ClusterSpec) -> str:
     rendezvous store's port."""
     check(spec)
     prefix = GPU_TEMPLATE if spec.nodes.gpus_per_node else ""
-    job = render.job_argv(spec, SCRIPT_MOUNT)
+    job = render.job_argv(spec, contract.JOB_DIR)
 
     def node(name: str, template: str = "", **settings) -> dict:
         replica = (
@@ -195,7 +197,7 @@ def nodes_file(spec: ClusterSpec) -> str:
         **{name: node(h.name, MPI_WORKER) for name, h in zip(mpi, mpi_hosts(spec), strict=True)},
         LAUNCHER: node(
             container(spec, LAUNCHER),
-            command=render.python_argv(spec, SCRIPT_MOUNT),
+            command=render.python_argv(spec, contract.JOB_DIR),
             depends_on={name: {"condition": "service_healthy"} for name in mpi},
         ),
     }
@@ -212,9 +214,16 @@ def node_files(spec: ClusterSpec) -> dict[str, str]:
         "torchrun.args": " ".join(render.torchrun_args(torchrun, nodes)) + "\n",
         "cluster.env": render.render_env(torchrun, nodes),
         "hostfile": render.render_hostfile(mpi),
-        "mpirun.args": " ".join(render.mpirun_args(spec, mpi, "/cluster/hostfile")) + "\n",
+        "mpirun.args": " ".join([*render.mpirun_args(spec, mpi, f"{contract.CLUSTER_DIR}/hostfile"), *_events_to(mpi)])
+        + "\n",
         "ssh/README": "The mpi profile mounts this cluster's SSH keys here (the compose volume ssh).\n",
     }
+
+
+def _events_to(hosts: tuple) -> list[str]:
+    """mpirun's ``-x`` of the events file (``app.events``) for the mpi profile's ranks (compose gives it to the
+    torchrun nodes; mpirun's ranks see only what it exports)."""
+    return ["-x", f"{envvars.EVENTS_FILE}={EVENTS_MOUNT}/{EVENTS_NAME}"] if hosts else []
 
 
 def cluster_files(spec: ClusterSpec, folder: Path) -> dict[str, str]:
@@ -223,7 +232,9 @@ def cluster_files(spec: ClusterSpec, folder: Path) -> dict[str, str]:
         "compose.env": env_file(spec, folder),
         "nodes.yaml": nodes_file(spec),
         **{f"{NODE_FILES}/{name}": text for name, text in node_files(spec).items()},
-        f"{NO_SCRIPT}/README": "No --script was given: this folder is mounted at /job in place of a script's folder.\n",
+        f"{NO_SCRIPT}/README": f"No --script was given: this folder is mounted at {contract.JOB_DIR} in place of a "
+        "script's folder.\n",
+        f"{EVENTS}/README": f"The job's events ({EVENTS_NAME}, app/events.py), at {EVENTS_MOUNT} in every node.\n",
     }
 
 

@@ -23,17 +23,12 @@ runtime's seccomp profile; /tmp, the cache and /dev/shm are emptyDirs, /results 
 
 import json
 
+from app import contract
 from app.errors import UsageError
 from app.runtime import envvars
 from app.topology import render
 from app.topology.spec import ClusterSpec, Host
 
-APP_UID = 1000
-"""The image's user ``app`` (docker/Dockerfile, ARG APP_UID) and its group."""
-APP_HOME = "/home/app"
-CLUSTER_DIR = "/cluster"
-"""Where ``ddp-node`` reads torchrun.args."""
-RESULTS_DIR = "/results"
 GPU_RESOURCE = "nvidia.com/gpu"
 """The NVIDIA device plugin's resource name."""
 PORT_NAME = "rendezvous"
@@ -108,9 +103,9 @@ CONTAINER_SECURITY = {
 """Every container: unprivileged, no way to gain privileges, no capabilities, a read-only root."""
 POD_SECURITY = {
     "runAsNonRoot": True,
-    "runAsUser": APP_UID,
-    "runAsGroup": APP_UID,
-    "fsGroup": APP_UID,
+    "runAsUser": contract.APP_UID,
+    "runAsGroup": contract.APP_UID,
+    "fsGroup": contract.APP_UID,
     "fsGroupChangePolicy": "OnRootMismatch",
     "seccompProfile": {"type": "RuntimeDefault"},
 }
@@ -120,9 +115,9 @@ POD_SECURITY = {
 def volume_mounts(extra: list[dict] = ()) -> list[dict]:
     """Where the node's volumes appear: /results, /tmp, the cache, /dev/shm, then ``extra``."""
     return [
-        {"name": "results", "mountPath": RESULTS_DIR},
+        {"name": "results", "mountPath": contract.RESULTS_DIR},
         {"name": "tmp", "mountPath": "/tmp"},
-        {"name": "cache", "mountPath": f"{APP_HOME}/.cache"},
+        {"name": "cache", "mountPath": f"{contract.APP_HOME}/.cache"},
         {"name": "dshm", "mountPath": "/dev/shm"},
         *extra,
     ]
@@ -213,7 +208,7 @@ def indexed_job(spec: ClusterSpec) -> dict:
     """One pod per node, ``<name>-<index>``; each runs ``ddp-node`` (torchrun) and the job."""
     name = spec.job.name
     command = ["ddp-node", *render.job_argv(spec)]
-    mount = {"name": "torchrun", "mountPath": CLUSTER_DIR, "readOnly": True}
+    mount = {"name": "torchrun", "mountPath": contract.CLUSTER_DIR, "readOnly": True}
     node = node_container(spec, "node", command, PORT_NAME, [mount])
     volume = {"name": "torchrun", "configMap": {"name": f"{name}-torchrun"}}
     pod = pod_template(spec, node, [volume], subdomain=name, restartPolicy="Never")

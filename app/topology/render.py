@@ -9,6 +9,7 @@ the command every rank runs. Used by the compose cluster, Ansible and ``python -
 
 import shlex
 
+from app import contract
 from app.errors import UsageError
 from app.runtime import envvars
 from app.topology.spec import ClusterSpec, Host
@@ -113,7 +114,7 @@ def mpirun_args(spec: ClusterSpec, hosts: tuple[Host, ...], hostfile: str = "hos
     return args
 
 
-def job_argv(spec: ClusterSpec, script_dir: str = "/job") -> list[str]:
+def job_argv(spec: ClusterSpec, script_dir: str = contract.JOB_DIR) -> list[str]:
     """What follows the launcher on every rank: ``-m app COMMAND`` or the user's script (in ``script_dir``)."""
     job = spec.job
     if job.script:
@@ -121,6 +122,6 @@ def job_argv(spec: ClusterSpec, script_dir: str = "/job") -> list[str]:
     return ["-m", "app", *shlex.split(job.command)]
 
 
-def python_argv(spec: ClusterSpec, script_dir: str = "/job", python: str = "python") -> list[str]:
+def python_argv(spec: ClusterSpec, script_dir: str = contract.JOB_DIR, python: str = "python") -> list[str]:
     """The job as a plain process: ``python -m app COMMAND`` or ``python SCRIPT ARGS`` (mpirun, srun)."""
     return [python, *job_argv(spec, script_dir)]

@@ -30,6 +30,7 @@ import shlex
 from collections.abc import Iterable
 from pathlib import PurePosixPath
 
+from app import contract
 from app.errors import UsageError
 from app.runtime import envvars
 from app.topology import render
@@ -103,7 +104,7 @@ def directives(spec: ClusterSpec) -> list[str]:
 def _port(spec: ClusterSpec) -> str:
     """The rendezvous port as the script's shell computes it."""
     port = spec.rendezvous.master_port
-    if port != envvars.DEFAULT_MASTER_PORT:
+    if port != contract.RENDEZVOUS_PORT:
         return str(port)
     return f"$(({envvars.SLURM_PORT_BASE} + {envvars.SLURM_JOB_ID} % {envvars.SLURM_PORT_SPAN}))"
 
@@ -140,7 +141,7 @@ def _torchrun_body(spec: ClusterSpec) -> list[str]:
 
 def _srun_body(spec: ClusterSpec) -> list[str]:
     lines = []
-    if spec.rendezvous.master_port != envvars.DEFAULT_MASTER_PORT:
+    if spec.rendezvous.master_port != contract.RENDEZVOUS_PORT:
         lines.append(f"export {envvars.MASTER_PORT}={spec.rendezvous.master_port}")
     nodelist = envvars.SLURM_JOB_NODELIST[0]
     srun = ["srun", "--kill-on-bad-exit=1", f"--mpi={spec.slurm.mpi}"]

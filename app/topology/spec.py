@@ -17,11 +17,13 @@ import re
 import tomllib
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from app import contract
 from app.errors import UsageError
 from app.flags import flag
 from app.runtime import envvars
@@ -79,22 +81,28 @@ def parse_hosts(spec: str) -> tuple[Host, ...]:
     return tuple(hosts)
 
 
-def parse_hostfile(text: str, source: str = "hostfile") -> tuple[Host, ...]:
-    """Parse an OpenMPI hostfile: ``NAME [slots=N]`` per line, ``#`` starts a comment."""
+def parse_hostfile(text: str, source: str = "hostfile", note: Callable[[str], None] | None = None) -> tuple[Host, ...]:
+    """Parse an OpenMPI hostfile: ``NAME [slots=N]`` per line, ``#`` starts a comment. A line without
+    ``slots=`` means one slot, as in ``--hosts`` (OpenMPI itself counts the node's cores): ``note`` is
+    told so, once per such line."""
     hosts = []
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         name, *options = line.split()
-        slots = 1
+        slots = None
         for option in options:
             key, _, value = option.partition("=")
             if key in ("slots", "max_slots", "max-slots") and value.isdigit():
                 slots = int(value) if key == "slots" else slots
             else:
                 raise UsageError(f"{source} line {number}: {raw.strip()!r} must look like 'node0 slots=2'")
-        hosts.append(Host(name, slots))
+        if slots is None and note is not None:
+            note(f"{source} line {number}: {name} has no slots=N: 1 slot (OpenMPI would count its cores)")
+        hosts.append(Host(name, 1 if slots is None else slots))
+    if not hosts:
+        raise UsageError(f"{source} names no host (empty, or only comments): write one 'NAME slots=N' line per node")
     return tuple(hosts)
 
 
@@ -177,7 +185,7 @@ class Rendezvous:
 
     master_addr: str | None = field(default=None, metadata=used_by("files", "ansible"))
     """Host that serves the rendezvous (default: the first node)."""
-    master_port: int = field(default=envvars.DEFAULT_MASTER_PORT, metadata=used_by("all"))
+    master_port: int = field(default=contract.RENDEZVOUS_PORT, metadata=used_by("all"))
     """Rendezvous port on the master; only the cluster's hosts need to reach it (Slurm: left at this default,
     each job takes 20000 + its job id % 10000, so jobs that share a node never collide)."""
     ifname: str | None = field(default=None, metadata=used_by("all"))
@@ -211,7 +219,9 @@ class Job:
     name: str = field(default="ddp-cluster", metadata=used_by("compose", "ansible", "slurm", "kubernetes"))
     """The job's name: compose project, Slurm job name, Kubernetes object names, Ansible's containers
     and results folder, and rendezvous id (lowercase letters, digits and -, at most 40)."""
-    command: str = field(default="train --dataset digits --out /results/digits --resume auto", metadata=used_by("all"))
+    command: str = field(
+        default=f"train --dataset digits --out {contract.RESULTS_DIR}/digits --resume auto", metadata=used_by("all")
+    )
     """The app command every rank runs (python -m app COMMAND)."""
     script: str | None = field(default=None, metadata=used_by("compose", "slurm", "kubernetes"))
     """A user's torchrun script to run unchanged instead of the app command (compose mounts its folder at
@@ -221,8 +231,13 @@ class Job:
     launcher: str = field(default="torchrun", metadata=used_by("compose", "ansible", "slurm"))
     """torchrun (one agent per node), mpirun (OpenMPI over SSH from the first node) or srun (Slurm,
     one task per rank)."""
-    image: str = field(default="ddp-cluster:cpu", metadata=used_by("compose", "ansible", "kubernetes"))
-    """The workload image (compose, Ansible, Kubernetes)."""
+    image: str | None = field(
+        default=None,
+        metadata=flag(show=f"IMAGE_NAME:{contract.CUDA} with --gpus-per-node > 0, else IMAGE_NAME:{contract.CPU}")
+        | used_by("compose", "ansible", "kubernetes"),
+    )
+    """The workload image (compose, Ansible, Kubernetes); default: the flavour the nodes need, cuda on GPU nodes
+    (IMAGE_NAME of docker/versions.env)."""
     time_limit: int = field(default=1200, metadata=used_by("compose", "ansible", "slurm", "kubernetes"))
     """Seconds the job may run before it is stopped (compose, Ansible, Slurm --time, Kubernetes
     activeDeadlineSeconds)."""
@@ -240,6 +255,11 @@ class Job:
         if self.args and not self.script:
             raise UsageError("--args are the arguments of --script: give --script too, or put them in --command")
         _positive("--time-limit", self.time_limit)
+        if self.image is not None and not _PATTERN.match(self.image):
+            raise UsageError(
+                f"--image {self.image!r} must be an image reference without spaces or quotes, like "
+                f"{contract.image(0)} or registry.example.org:5000/ml/{contract.image(8)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -379,6 +399,8 @@ class ClusterSpec:
     kubernetes: Kubernetes = field(default_factory=Kubernetes)
 
     def __post_init__(self) -> None:
+        if self.job.image is None:  # the nodes' flavour: every engine's rendering of a GPU spec names the cuda image
+            object.__setattr__(self, "job", replace(self.job, image=contract.image(self.nodes.gpus_per_node)))
         if self.nodes.elastic and self.job.launcher != "torchrun":
             raise UsageError(
                 f"--min-nodes {self.nodes.min_nodes} needs --launcher torchrun (its --nnodes MIN:MAX): "

@@ -25,6 +25,7 @@ What Trainer v2 cannot express that the other renderings do: ``CANNOT_EXPRESS`` 
 
 from pathlib import Path
 
+from app import contract
 from app.errors import UsageError
 from app.topology import kube, render
 from app.topology.spec import ClusterSpec
@@ -55,12 +56,8 @@ NODE = "node"
 ANCESTOR_LABEL, ANCESTOR_TRAINER = "trainer.kubeflow.org/trainjob-ancestor-step", "trainer"
 """The label by which Trainer finds the trainer's replicated Job in a runtime."""
 FRAMEWORK_LABEL = "trainer.kubeflow.org/framework"
-TRAINER_PORT = 29500
-"""The rendezvous port that the torch plugin sets (PET_MASTER_PORT): fixed by Trainer."""
 PATCH_MANAGER = "ddp-cluster/topology"
 """Who owns our runtime patch (Trainer's webhook wants a domain-prefixed path)."""
-SCRIPT_DIR = "/job"
-"""Where the ConfigMap of a --script is mounted (as compose mounts the script's folder)."""
 CONFIG_MAP_LIMIT = 1024 * 1024
 """The API server's limit on a ConfigMap's data (bytes)."""
 FAIL_JOBSET_EXIT_CODES = (2, 126, 127)
@@ -70,10 +67,10 @@ FAIL_JOBSET_EXIT_CODES = (2, 126, 127)
 
 def _check(spec: ClusterSpec) -> None:
     kube.check(spec, ships_script=True)
-    if spec.rendezvous.master_port != TRAINER_PORT:
+    if spec.rendezvous.master_port != contract.RENDEZVOUS_PORT:
         raise UsageError(
             f"--master-port {spec.rendezvous.master_port}: Trainer v2's torch plugin fixes the rendezvous port at "
-            f"{TRAINER_PORT} (PET_MASTER_PORT); drop --master-port"
+            f"{contract.RENDEZVOUS_PORT} (PET_MASTER_PORT); drop --master-port"
         )
 
 
@@ -98,12 +95,12 @@ def _script_volume(spec: ClusterSpec) -> tuple[list[dict], list[dict]]:
     if not spec.job.script:
         return [], []
     volume = {"name": "script", "configMap": {"name": f"{spec.job.name}-script"}}
-    return [volume], [{"name": "script", "mountPath": SCRIPT_DIR, "readOnly": True}]
+    return [volume], [{"name": "script", "mountPath": contract.JOB_DIR, "readOnly": True}]
 
 
 def command(spec: ClusterSpec) -> list[str]:
     """torchrun and the job; the torch plugin's PET_* variables give torchrun everything else."""
-    return ["torchrun", *render.job_argv(spec, SCRIPT_DIR)]
+    return ["torchrun", *render.job_argv(spec, contract.JOB_DIR)]
 
 
 def _runtime_patch(spec: ClusterSpec) -> dict:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from app import events
 from app.atomic import atomic_write_bytes
 from app.errors import ClusterError, UsageError, first_line
 
@@ -86,7 +87,8 @@ def ensure_space(out: Path, latest: Path) -> None:
     if free < need:
         raise ClusterError(
             f"cannot resume in {out}: {free / 2**20:.1f} MiB free, a checkpoint takes {need / 2**20:.1f} MiB "
-            f"({os.strerror(errno.ENOSPC)}): free some space and run the job again; {latest.name} is intact"
+            f"({os.strerror(errno.ENOSPC)}): free some space and run the job again; {latest.name} is intact",
+            reason=events.NO_SPACE,
         )
 
 
@@ -104,7 +106,8 @@ def save(out: Path, state: dict, step: int, keep: int) -> Path:
     except OSError as error:
         raise ClusterError(
             f"could not write checkpoint {path_for(out, step)} ({error.strerror or error}): "
-            "free some space or choose another --out; the earlier checkpoints are intact"
+            "free some space or choose another --out; the earlier checkpoints are intact",
+            reason=events.NO_SPACE if error.errno in (errno.ENOSPC, errno.EDQUOT) else "",
         ) from None
     for old in existing(out)[:-keep]:
         old.unlink(missing_ok=True)

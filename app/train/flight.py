@@ -128,9 +128,9 @@ def _where(prefix: Path, rank: int) -> str:
 
 
 def _short(file: str) -> str:
-    """A path from the checkout's root (``app/...``, ``cluster/...``) where it is inside it."""
+    """A path from the checkout's root (``app/...``, ``tests/...``) where it is inside it."""
     parts = Path(file).parts
-    for root in ("app", "cluster", "tests"):
+    for root in ("app", "tests", "examples"):
         if root in parts:
             return str(Path(*parts[parts.index(root) :]))
     return file

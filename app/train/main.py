@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from app import flags, progress
+from app import events, flags, progress
 from app.diagnostics import doctor
 from app.errors import ClusterError, Stopped, first_line
 from app.runtime.distributed import (
@@ -132,7 +132,8 @@ def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], N
                     raise
                 ctx.mark_broken(first_line(error))
                 line = _failed_collective(error, trainer, recorder, dumps)
-                raise ClusterError(line + snapshot.write(trainer)) from error
+                reason = events.PEERS_LOST if trainer.watch.peers_lost else ""
+                raise ClusterError(line + snapshot.write(trainer), reason=reason) from error
         reporter.finish(summary)
         return summary
 

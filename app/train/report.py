@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Self, TextIO
 import torch
 from tqdm import tqdm
 
-from app import progress
+from app import events, progress
 from app.atomic import atomic_write_text
 from app.train import scalars
 from app.train.config import OutputConfig
@@ -112,6 +112,8 @@ class Reporter:
         (printed even with --quiet: ``python -m app cluster`` reports each restart from this line)."""
         self.event("resume", **resumed.record(), restart_count=restart_count)
         if self.enabled:
+            fields = {"from_step": resumed.step, "checkpoint": resumed.checkpoint, "reached": resumed.reached}
+            events.write(events.RESUMED, 0, **fields)
             print(resumed.line(), file=self.stream, flush=True)
 
     def resize(self, change: "Resize", batch_size: int) -> None:

@@ -167,6 +167,8 @@ class Watch:
         self.since = time.monotonic()
         """When this rank began what it is ``doing`` (the flight recorder's watcher reads it)."""
         self.exchanged_at = 0
+        self.peers_lost = False
+        """``explain`` found ranks that stopped answering (the job's events say so: ``app.events.PEERS_LOST``)."""
         """The step of the last exchange: every rank had reached it."""
         self.answers: dict[int, dict] = {}
         """After a failed collective: what each rank that answered the roll call said (``explain``)."""
@@ -241,6 +243,7 @@ class Watch:
         what, step = self.doing
         failed = f"the {what} of step {step} failed ({first_line(error)[:160]})"
         answered = self._roll_call(completed, LOST_PEER_GRACE_S if lost_peer(error) else REPORT_GRACE_S)
+        self.peers_lost = answered is None or len(answered) < self.world
         if answered is None:
             nor = "" if self.ctx.proc.survivors_store is None else ", nor the survivors' store"
             return (

@@ -145,9 +145,13 @@ def docker_build(tag: str, target: str, build_args: dict[str, str], docker: Dock
     ):
         tail(log)
         raise BuildError(f"docker build of {tag} failed (full log: {log})")
-    # The image this tag named before, now untagged, would only take space: removed unless in use.
-    if previous and previous != docker.inspect(tag, "{{.Id}}"):
-        docker.remove(previous)
+    built = docker.inspect(tag, "{{.Id}}")
     size = int(docker.inspect(tag, "{{.Size}}") or 0) / 1e9
     now = time.monotonic()
+    if built == previous:  # every step came from the cache: the same image
+        say("image", f"{tag} is up to date: nothing was built ({size:.2f} GB; checked in {now - start:.0f} s)")
+        return
+    # The image this tag named before, now untagged, would only take space: removed unless in use.
+    if previous:
+        docker.remove(previous)
     say("image", f"built {tag}: {size:.2f} GB in {now - start:.0f} s ({now - begin:.0f} s with the steps before)")

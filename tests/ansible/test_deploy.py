@@ -155,8 +155,8 @@ def test_the_spec_values_reach_the_nodes_and_the_job(deployed: dict) -> None:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ({"job": {"comand": "check"}}, "error: --spec-json [job]: unknown key 'comand': the keys are name, command,"),
-        ({"rendezvous": {"master_port": 80}}, "error: --master-port=80 must be in 1024-65535"),
+        ({"job": {"comand": "check"}}, ": --spec-json [job]: unknown key 'comand': the keys are name, command,"),
+        ({"rendezvous": {"master_port": 80}}, ": --master-port=80 must be in 1024-65535"),
     ],
     ids=["misspelt-key", "port-out-of-range"],
 )
@@ -166,9 +166,10 @@ def test_a_bad_spec_value_fails_the_play_in_one_line_naming_the_key(deployed: di
     command = [sys.executable, "-m", "app", "deploy", "-q", "-i", str(deployed["inventory"]), "--tags", "config",
                "-e", json.dumps(extravars)]  # fmt: skip
     result = subprocess.run(command, cwd=nodes.REPO, capture_output=True, text=True, timeout=600, env=ansible_env())
-    assert result.returncode == 1, result.stdout[-2000:] + result.stderr
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr
     line = result.stderr.strip()
-    assert "\n" not in line and line.startswith("error: deploy failed") and message in line, line
+    assert "\n" not in line and line.startswith("error: deploy stopped before any change") and message in line, line
+    assert line.endswith("[exit 2]") and line.count("exit") == 1, "one exit status, the documented one"
     after = node_exec(deployed["names"][0], "cat", "/etc/ddp-cluster/cluster.env")
     assert before.strip() and after == before, "a bad spec changed the nodes' configuration"
 
@@ -246,6 +247,6 @@ def test_an_inventory_without_cluster_hosts_is_refused_in_one_line(tmp_path: Pat
     broken.write_text("all:\n  hosts: [unclosed\n")
     result = subprocess.run([sys.executable, "-m", "app", "deploy", "-q", "-i", str(broken)], cwd=nodes.REPO,
                             capture_output=True, text=True, timeout=300, env=ansible_env())  # fmt: skip
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1].startswith("error: deploy failed")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: deploy stopped before any change: The inventory")
     assert "no hosts in group 'ddp_cluster'" in result.stderr

@@ -1,4 +1,5 @@
-"""Every public role variable is prefixed with its role's name and documented in ansible/README.md;
+"""Every public role variable is prefixed with its role's name and documented in ansible/README.md, with
+its default as defaults/main.yml sets it;
 every role has the geerlingguy layout (defaults, meta, tasks) and names its tasks in full sentences.
 
     .venv/bin/python -m pytest tests/ansible/test_role_docs.py
@@ -49,3 +50,21 @@ def test_every_documented_variable_is_a_role_default() -> None:
         name for role in ROLE_NAMES for name in yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text())
     }
     assert documented and set(documented) <= defaults, f"README documents stale variables: {set(documented) - defaults}"
+
+
+def shown(value: object) -> str:
+    """A default as the README's tables show it: YAML flow style, ``|`` escaped, cut at 60 characters."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**9).strip().removesuffix("\n...").strip()
+    text = text.replace("|", "\\|")
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@pytest.mark.parametrize("role", ROLE_NAMES)
+def test_documented_defaults_are_the_role_defaults(role: str) -> None:
+    table = dict(re.findall(r"^\| `([a-z0-9_]+)` \| (.*?) \| .*\|$", README.split("## Role variables", 1)[1], re.M))
+    defaults = yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text()) or {}
+    for name, value in defaults.items():
+        documented = table.get(name, "(not documented)")
+        if isinstance(value, str) and "\n" in value and "{{" in value and not documented.startswith("`"):
+            continue  # a multi-line template: its cell says in words what it computes
+        assert documented == f"`{shown(value)}`", f"{role}: ansible/README.md gives {name} the default {documented}"

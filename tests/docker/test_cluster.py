@@ -83,6 +83,23 @@ def test_worker_failure_fails_cluster_up(cluster):
     assert "ran past CLUSTER_TIMEOUT" not in proc.stderr, "the failure was only caught by the timeout"
 
 
+def test_a_rank_that_fails_the_same_way_twice_is_not_restarted_again_and_the_line_says_so(cluster):
+    """Rank 1 raises at every attempt: --max-restarts 3 would allow 4; its agent stops after the second, and the
+    line names the rank, its error and the two attempts (it used to say two while the head had printed four)."""
+    proc = cluster.make("cluster-up", "SCRIPT=tests/docker/jobs/rank_raises.py", "MAX_RESTARTS=3", timeout=400)
+    assert proc.returncode != 0 and "cluster: job exit status 1 after" in proc.stdout, explain(proc)
+    assert proc.stdout.count("rank 0/4 up") == 2, explain(proc)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    said = (
+        f"error: not restarted: rank 1 on {cluster.project}-head-1 failed the same way on attempts 1 and 2 "
+        "(RuntimeError: boom on rank 1): a restart cannot cure it"
+    )
+    assert len(errors) == 1 and errors[0].startswith(said), explain(proc)
+    assert "Traceback" not in proc.stdout + proc.stderr and "frame #" not in proc.stdout, explain(proc)
+    down = cluster.make("cluster-down", timeout=180)  # it says what it removed
+    assert down.returncode == 0 and f"cluster: {cluster.project}: removed 4 containers (" in down.stdout, explain(down)
+
+
 def test_mpi_profile_runs_check_over_ssh(cluster):
     proc = cluster.make("cluster-mpi", "MPI_JOB=check --json /results/check.json")
     assert proc.returncode == 0, explain(proc)

@@ -164,6 +164,7 @@ def test_the_rendezvous_store_lost_stops_the_job_within_the_bound_with_one_line(
         "resume from its last checkpoint"
     )
     assert len(errors) == 1 and re.fullmatch(rf"{re.escape(lost)} \[exit 137(; log \S+)?\]", errors[0]), explain(done)
+    assert "frame #" not in done.stdout + done.stderr and "TCPStore" not in done.stdout, explain(done)  # in the log
     assert stopped_within <= STOP_GRACE_S + 15, f"the nodes ran {stopped_within:.0f}s after the store"
     last = sorted((fault_run.results / "f" / "checkpoints").glob("step-*.pt"))[-1]
     state = torch.load(last, map_location="cpu", weights_only=True)

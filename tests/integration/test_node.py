@@ -4,6 +4,7 @@ fork of one preloaded server; each test against real ranks on localhost (``--sta
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from app import progress
+from app import events, progress
 from app.runtime import network
 from app.train.stop import STATUS
 from tests.integration.launchers import PYTHON, _clean_env, one_error_line
@@ -22,7 +23,7 @@ from tests.integration.train_runs import CHECKPOINTED, TIMEOUT, same_final_param
 pytestmark = pytest.mark.integration
 
 NODE_JOB = Path(__file__).with_name("node_job.py")
-FAULT_JOB = Path(__file__).parents[2] / "cluster" / "faults" / "fault_job.py"
+FAULT_JOB = Path(__file__).parents[2] / "tests" / "rigs" / "faults" / "fault_job.py"
 TWO_RANKS = ["--standalone", "--nproc-per-node", "2"]
 
 
@@ -73,6 +74,27 @@ def test_without_fork_each_rank_is_a_new_interpreter_as_under_torchrun(tmp_path:
         assert not rank["preloaded"], rank
         assert "app node" in rank["parent"] and "forkserver" not in rank["parent"], rank
         assert rank["title"].endswith(f"-u {NODE_JOB} a b"), rank
+
+
+LINES_JOB = """
+import io, os, sys
+whole = isinstance(sys.stdout.buffer, io.BufferedWriter) and sys.stdout.line_buffering
+for i in range(3000):
+    print(f"rank {os.environ['RANK']} line {i} whole={whole}")
+"""
+
+
+def test_ranks_on_one_pipe_under_python_u_write_whole_lines(tmp_path: Path) -> None:
+    """The image sets PYTHONUNBUFFERED: print() there writes a line's text and its newline apart, and two ranks'
+    lines came out joined in the node's output (``rank 3 of 4 uprank 2 of 4 up``)."""
+    job = tmp_path / "lines_job.py"
+    job.write_text(LINES_JOB)
+    done = run_node(tmp_path, [*TWO_RANKS, str(job)], env=_clean_env({"PYTHONUNBUFFERED": "1"}))
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if "line" in line]
+    joined = [line for line in lines if not re.fullmatch(r"rank [01] line \d+ whole=True", line)]
+    assert not joined, joined[:5]
+    assert len(lines) == 2 * 3000
 
 
 @pytest.mark.parametrize("status", [0, 5])
@@ -248,3 +270,23 @@ def test_a_node_the_gate_keeps_out_starts_no_rank_and_exits_3_with_one_line(tmp_
     line = one_error_line(done.stderr)
     assert line["cause"].startswith(f"{record.stem} kept out: device check "), line["cause"]
     assert reports(done) == []  # no rank started
+
+
+def test_a_failure_that_repeats_stops_the_restarts_after_the_second_attempt_and_the_events_say_so(
+    tmp_path: Path,
+) -> None:
+    """A script that raises on rank 1 at every attempt: two attempts of the 4 that --max-restarts 3 allows; the
+    job's events file holds each attempt's failure (the exception, from torchelastic's error file) and why the
+    agent gave up."""
+    events_file = tmp_path / "events.jsonl"
+    env = _clean_env() | {"DDP_CLUSTER_EVENTS_FILE": str(events_file)}
+    words = ["--standalone", "--nproc-per-node", "2", "--max-restarts", "3", str(NODE_JOB), "--raise-on-rank", "1"]
+    done = run_node(tmp_path, words, env=env)
+    assert done.returncode == 1, done.stderr[-3000:]
+    records, _ = events.read(events_file)
+    failed = [r for r in records if r["kind"] == events.WORKER_FAILED]
+    assert [(r["rank"], r["exitcode"], r["attempt"]) for r in failed] == [(1, 1, 0), (1, 1, 1)], records
+    assert all(r["message"] == "RuntimeError: boom on rank 1" for r in failed), failed
+    [gave_up] = [r for r in records if r["kind"] == events.GAVE_UP]
+    assert (gave_up["rank"], gave_up["reason"], gave_up["attempts"]) == (1, events.REPEATED, 2), gave_up
+    assert [r["rank"] for r in reports(done)] == [0, 0], done.stdout  # rank 0 ran to its end twice, not 4 times

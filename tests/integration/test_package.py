@@ -30,7 +30,8 @@ def installed(tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("package")
     source, wheels = where / "source", where / "wheels"  # a copy: setuptools' build/ in the checkout could be stale
     shutil.copytree(ROOT / "app", source / "app", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md", "compose.yaml"):
+    (source / "docker").mkdir()
+    for name in ("pyproject.toml", "README.md", "compose.yaml", "docker/versions.env"):  # as docker/Dockerfile's build
         shutil.copy(ROOT / name, source / name)
     wheel_cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels)]
     built = subprocess.run([*wheel_cmd, str(source)], capture_output=True, text=True, timeout=300, check=False)
@@ -50,6 +51,8 @@ def test_the_installed_package_runs_cluster_and_topology_outside_the_checkout(in
     assert helped.returncode == 0 and "--nodes" in helped.stdout, helped.stderr
     env_file = _run([installed, "-m", "app", "topology", "--nodes", "3", "--format", "compose"], tmp_path)
     assert env_file.returncode == 0 and "IMAGE='ddp-cluster:cpu'" in env_file.stdout, env_file.stderr
+    gpu = ("--gpus-per-node", "8", "--nproc-per-node", "8", "--format", "image")  # versions.env: package data
+    assert _run([installed, "-m", "app", "topology", *gpu], tmp_path).stdout == "ddp-cluster:cuda\n"
     where = _run([installed, "-m", "app", "topology", "--format", "compose-path"], tmp_path)
     compose_file = Path(where.stdout.strip())
     assert compose_file.is_file() and ROOT not in compose_file.parents, where  # the installed copy

@@ -21,7 +21,7 @@ from tests.integration.train_runs import TIMEOUT, metrics, synthetic
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-JOB = ROOT / "cluster" / "faults" / "fault_job.py"
+JOB = ROOT / "tests" / "rigs" / "faults" / "fault_job.py"
 COLLECTIVE_TIMEOUT = 8
 
 

@@ -42,8 +42,8 @@ def test_ranks_follow_c10ds_order_of_the_rendered_addresses():
 
 def test_the_nodes_get_rendered_files_not_the_spec(tmp_path):
     files = compose.cluster_files(SPEC, tmp_path)
-    assert sorted(files) == ["compose.env", "job/README", "node/cluster.env", "node/hostfile", "node/mpirun.args",
-                             "node/ssh/README", "node/torchrun.args", "nodes.yaml"]  # fmt: skip
+    assert sorted(files) == ["compose.env", "events/README", "job/README", "node/cluster.env", "node/hostfile",
+                             "node/mpirun.args", "node/ssh/README", "node/torchrun.args", "nodes.yaml"]  # fmt: skip
     assert "CLUSTER_SPEC" not in files["compose.env"] and "{" not in files["compose.env"]
     assert f"NODE_FILES='{tmp_path.resolve()}/node'" in files["compose.env"]
     # The c10d store has a container of its own, whose name matches no node: every node's agent is a client.
@@ -52,6 +52,7 @@ def test_the_nodes_get_rendered_files_not_the_spec(tmp_path):
     assert "--rdzv-endpoint=demo-rendezvous-1:29500" in files["node/torchrun.args"]
     assert "MASTER_ADDR=demo-rendezvous-1\n" in files["node/cluster.env"]
     assert "MASTER_ADDR=demo-mpi-worker-1" in files["node/mpirun.args"], "mpirun's rank 0 serves its own store"
+    assert "-x DDP_CLUSTER_EVENTS_FILE=/events/events.jsonl" in files["node/mpirun.args"]  # its ranks' events
 
 
 def test_topology_writes_the_compose_files(tmp_path, capsys):

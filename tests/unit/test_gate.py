@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from app import cli
+from app import cli, contract
 from app.diagnostics import gate
 from app.diagnostics.health import DeviceHealth
 from app.errors import UsageError
@@ -76,7 +76,7 @@ def test_the_rendezvous_is_read_from_torchruns_arguments_by_torchruns_parser(tmp
     )
     assert gate.rendezvous(args) == ("demo-head-1", 29500, False)
     args.write_text("--nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=node0 --rdzv-id=x\n")
-    assert gate.rendezvous(args) == ("node0", gate.C10D_PORT, False)
+    assert gate.rendezvous(args) == ("node0", contract.C10D_PORT, False)
     args.write_text("--nnodes=2 --nproc-per-node=1 --node-rank=0 --master-addr=node0 --master-port=29600\n")
     assert gate.rendezvous(args) == ("node0", 29600, True)  # static: node rank 0 serves it
     with pytest.raises(UsageError, match=r"--torchrun-args .*missing\.args"):

@@ -15,7 +15,8 @@ import pytest
 from imagebuild import base, engine, image, versions, wheelhouse
 from imagebuild.host import BuildError
 
-from app.topology.spec import Job
+from app import contract
+from app.topology.spec import build
 
 ROOT = Path(__file__).resolve().parents[2]
 UPSTREAM, LOCAL = "python:slim", "local-base:test"
@@ -105,6 +106,39 @@ def test_wheels_image_is_rebuilt_only_when_the_wheelhouse_digest_changes(tmp_pat
     (tmp_path / "requirements.txt").write_text("numpy==2\n")
     assert image.wrap(tmp_path, "x-wheels:cpu", docker), "another list: a miss"
     assert len(docker.builds) == 4
+
+
+class BuildEngine:
+    """The docker CLI's part that docker_build uses: a tag's image ID and size, a build that may make a new one."""
+
+    def __init__(self, image_id: str) -> None:
+        self.image_id, self.removed, self.builds = image_id, [], 0
+        self.next_id = image_id
+
+    def inspect(self, ref: str, fmt: str) -> str:
+        return self.image_id if fmt == "{{.Id}}" else "930000000"
+
+    def build(self, args: list[str], log: Path | None = None) -> bool:
+        self.builds += 1
+        self.image_id = self.next_id
+        return True
+
+    def remove(self, image_id: str) -> None:
+        self.removed.append(image_id)
+
+
+def test_a_build_that_changes_nothing_says_up_to_date_and_a_new_image_says_built(capsys) -> None:
+    same = BuildEngine("sha256:aa")
+    image.docker_build("x:cpu", "cpu", {"BASE_IMAGE": "b"}, same, 0.0)
+    out = capsys.readouterr().out
+    assert same.builds == 1 and same.removed == []
+    assert "image: x:cpu is up to date: nothing was built (0.93 GB; checked in" in out and "built x:cpu" not in out
+    new = BuildEngine("sha256:aa")
+    new.next_id = "sha256:bb"
+    image.docker_build("x:cpu", "cpu", {"BASE_IMAGE": "b"}, new, 0.0)
+    out = capsys.readouterr().out
+    assert "image: built x:cpu: 0.93 GB in" in out and "up to date" not in out
+    assert new.removed == ["sha256:aa"], "the image the tag named before is removed"
 
 
 def request(out: Path, torch: str = "torch==9.9.9+cpu") -> wheelhouse.Request:
@@ -202,7 +236,12 @@ def test_the_makefile_takes_the_versions_as_overridable_knobs() -> None:
 
 
 def test_the_spec_names_the_image_that_make_builds() -> None:
-    assert Job().image == f"{versions.read()['IMAGE_NAME']}:cpu"
+    """The app's reader of versions.env (app/contract.py) agrees with the builder's; the spec names
+    IMAGE_NAME in the flavour of its nodes."""
+    assert contract.versions() == versions.read()
+    name = versions.read()["IMAGE_NAME"]
+    assert build({}).job.image == f"{name}:cpu"
+    assert build({"nodes": {"gpus_per_node": 2, "nproc_per_node": 2}}).job.image == f"{name}:cuda"
 
 
 def test_a_python_that_does_not_run_is_one_line_before_the_builder() -> None:

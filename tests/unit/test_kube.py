@@ -20,6 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from app import contract
 from app.errors import UsageError
 from app.topology import kube
 from app.topology.spec import build
@@ -282,7 +283,7 @@ def test_min_nodes_reaches_torchrun_and_the_pytorchjob() -> None:
 
 def test_the_pods_run_as_the_images_user() -> None:
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
-    assert f"ARG APP_UID={kube.APP_UID}\n" in dockerfile
+    assert f"ARG APP_UID={contract.APP_UID}\n" in dockerfile
 
 
 def test_rendering_never_imports_torch_or_yaml() -> None:

@@ -4,10 +4,12 @@ and a fork server that never asks CUDA anything (a GPU started before the fork i
 import json
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from app import events
 from app.errors import UsageError
 from app.node import agent
 from app.node import command as node
@@ -105,3 +107,45 @@ def test_the_survivors_store_is_a_c10d_rendezvous_store(endpoint: str, backend: 
 def test_a_ranks_exit_status_is_what_sys_exit_gives_a_process(code: object, status: int, capsys) -> None:
     assert node.exit_status(code) == status
     assert capsys.readouterr().err == ("a message\n" if isinstance(code, str) else "")
+
+
+def _agent_after(*attempts: list[tuple[int, int, str]], path: Path) -> object:
+    """torch's agent with the events of ``attempts`` (each: (rank, exit status, error) of the ranks that failed)
+    seen, as its monitor reports them; its restarts left, and what it wrote to the events file ``path``."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    watcher = object.__new__(agent.event_agent())  # its monitoring alone: no rendezvous, no ranks
+    watcher._remaining_restarts = 5
+    for attempt, failures in enumerate(attempts):
+        found = {}
+        for rank, code, message in failures:
+            error_file = path.parent / f"error-{attempt}-{rank}.json"
+            if message:
+                error_file.write_text(json.dumps({"message": {"message": message, "extraInfo": {"timestamp": "1"}}}))
+            found[rank] = ProcessFailure(local_rank=rank % 2, pid=1, exitcode=code, error_file=str(error_file))
+        watcher._failed(found, attempt)
+    return watcher
+
+
+@pytest.mark.parametrize(
+    ("attempts", "gave_up"),
+    [
+        ([[(1, 1, "RuntimeError: boom")], [(1, 1, "RuntimeError: boom")]], (1, events.REPEATED, 2)),
+        ([[(1, 1, "RuntimeError: boom at step 3")], [(1, 1, "RuntimeError: boom at step 7")]], None),  # another
+        ([[(1, 1, "RuntimeError: boom")], [(1, 1, "RuntimeError: boom"), (3, -9, "")]], None),  # a rank killed too
+        ([[(3, -9, ""), (1, 1, "x")], [(1, 1, "x")]], None),  # after a kill: not the script's doing
+        ([[(1, 1, "")], [(1, 1, "")]], None),  # no error file: nothing known to be the same
+        ([[(0, 2, "error: rank 0 on h: --dataset 'x' is not one of digits [exit 2]")]], (0, events.BAD_INPUT, 1)),
+    ],
+)
+def test_the_agent_writes_each_failure_and_stops_restarting_what_no_restart_cures(tmp_path, attempts, gave_up):
+    path = tmp_path / "events.jsonl"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DDP_CLUSTER_EVENTS_FILE", str(path))
+        watcher = _agent_after(*attempts, path=path)
+    records, _ = events.read(path)
+    failed = [(r["rank"], r["exitcode"], r["message"]) for r in records if r["kind"] == events.WORKER_FAILED]
+    assert failed == [tuple(f) for attempt in attempts for f in sorted(attempt)]
+    said = [(r["rank"], r["reason"], r["attempts"]) for r in records if r["kind"] == events.GAVE_UP]
+    assert said == ([gave_up] if gave_up else [])
+    assert watcher._remaining_restarts == (0 if gave_up else 5)

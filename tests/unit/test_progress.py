@@ -50,10 +50,4 @@ def test_an_unreadable_record_is_no_record(tmp_path, content):
 )
 def test_the_resume_line_reads_back(resumed, line):
     assert resumed.line() == line
-    assert progress.parse(line) == resumed
     assert resumed.record()["lost"] == resumed.lost
-
-
-def test_other_lines_are_not_resume_lines():
-    for line in ("train: mlp on digits ...", "train: resumed from somewhere", "cluster: restart 1: x"):
-        assert progress.parse(line) is None

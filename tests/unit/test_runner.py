@@ -1,7 +1,7 @@
 # ruff: noqa: E501  (torchrun's own output lines, quoted whole)
-"""The cluster runner's reading of node output: the app's lines for the user, the rest for the log,
-each failure (and each restart) as one line. Docker is not asked: the containers' host names are
-given, and ``docker stop`` is recorded."""
+"""The cluster runner: what happened to a job, read from its events file (``app.events``: the records that node
+agents and ranks write), each failure (and each restart) as one line; the nodes' output goes to the log, never
+read for a fault. Docker is not asked: the containers' host names are given, and ``docker stop`` is recorded."""
 
 import json
 import os
@@ -13,77 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from app import events
 from app.orchestrate import runner
-from app.orchestrate.runner import Filter, describe_status, root_cause, worker_failed
+from app.orchestrate.runner import describe_limits, describe_status, removed
+from app.topology import compose
 from app.topology.spec import build
-
-TORCHRUN_FAILURE = """\
-train: mlp on digits (1437 train / 360 test), 4 rank(s) on 2 node(s)
-[rank1]: Traceback (most recent call last):
-[rank0]: Traceback (most recent call last):
-[rank1]:   File "/opt/venv/lib/python3.11/site-packages/app/train/report.py", line 16, in <module>
-[rank1]:     from tqdm import tqdm
-[rank0]:   File "/opt/venv/lib/python3.11/site-packages/app/train/report.py", line 16, in <module>
-[rank1]: ModuleNotFoundError: No module named 'tqdm'
-[rank0]: ModuleNotFoundError: No module named 'tqdm'
-E1122 11:25:09.788000 7 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 40) of binary: /opt/venv/bin/python3.11
-Traceback (most recent call last):
-  File "/opt/venv/bin/torchrun", line 8, in <module>
-    sys.exit(main())
-torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
-============================================================
--m app FAILED
-------------------------------------------------------------
-Failures:
-  <NO_OTHER_FAILURES>
-------------------------------------------------------------
-Root Cause (first observed failure):
-[0]:
-  time      : 2026-11-22_11:25:09
-  host      : head
-  rank      : 0 (local_rank: 0)
-  exitcode  : 1 (pid: 40)
-  error_file: <N/A>
-  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
-============================================================
-epoch 1/10  train loss 1.6745
-"""
-
-
-def test_the_users_lines_pass_and_internals_stay_in_the_log() -> None:
-    f = Filter()
-    shown = [line for line in TORCHRUN_FAILURE.splitlines() if not f.is_internal(line)]
-    assert shown == [
-        "train: mlp on digits (1437 train / 360 test), 4 rank(s) on 2 node(s)",
-        "epoch 1/10  train loss 1.6745",
-    ]
-
-
-def test_the_apps_exception_is_the_root_cause_not_torchruns() -> None:
-    f = Filter()
-    for line in TORCHRUN_FAILURE.splitlines():
-        f.is_internal(line)
-    assert f.cause == "ModuleNotFoundError: No module named 'tqdm'" and not f.said_error
-    alone = Filter()
-    for line in (
-        "Traceback (most recent call last):",
-        '  File "x"',
-        "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError",
-    ):
-        alone.is_internal(line)
-    assert "RendezvousTimeoutError" in alone.cause
-
-
-def test_an_error_line_of_the_app_is_shown_and_noted() -> None:
-    f = Filter()
-    assert not f.is_internal("error: rank 0 on head: --dataset 'x' is not one of digits [exit 2]")
-    assert f.said_error
-
-
-def test_torchruns_report_of_an_ended_worker_is_read() -> None:
-    line = "E1122 11:25:09.788000 7 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 6038) of binary: /x"
-    assert worker_failed(line) == (-9, 1)
-    assert worker_failed("epoch 3/10  train loss 0.5") is None
 
 
 def test_statuses_read_as_exits_and_signals() -> None:
@@ -92,16 +26,9 @@ def test_statuses_read_as_exits_and_signals() -> None:
     assert describe_status(-15) == "signal 15 (SIGTERM)"
 
 
-def test_torchruns_exceptions_read_in_the_users_terms() -> None:
-    spec = build({"nodes": {"nodes": 3}, "rendezvous": {"join_timeout": 30}})
-    text = root_cause("torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError", spec)
-    assert "not all 3 nodes joined within --join-timeout 30s" in text
-    assert root_cause("ValueError: x", spec) == "ValueError: x"
+# --- failures, restarts and their one line (Run.on_event); Docker is not asked (host names are container names)
 
-
-# --- failures, restarts and their one line (Run.observe); Docker is not asked (host names are container names)
-
-RESUMED = "train: resumed from step 23 (checkpoint /r/f/checkpoints/step-00000023.pt), 4 steps lost (the failed attempt reached step 27)"
+RESUMED = "resumed from step 23 (checkpoint /r/f/checkpoints/step-00000023.pt), 4 steps lost (the failed attempt reached step 27)"
 
 
 @pytest.fixture
@@ -112,87 +39,221 @@ def run(tmp_path, monkeypatch):
     return job
 
 
+def happen(run, *records: tuple) -> None:
+    """Write ``records`` (node, rank, kind, fields) to the job's events file as the nodes do, then let the runner
+    read them (its last pass, as at the job's end)."""
+    path = compose.events_file(run.folder)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    start = events.size(path)
+    for node, rank, kind, fields in records:
+        events.write(kind, rank, path, **fields)
+        lines = path.read_text().splitlines()
+        record = json.loads(lines[-1]) | {"node": node}  # the writer's host name: its container's
+        path.write_text("\n".join([*lines[:-1], json.dumps(record)]) + "\n")
+    stop = threading.Event()
+    stop.set()
+    runner._read_events(run, stop, start)
+
+
+def failed(node: str, rank: int, local_rank: int, code: int, message: str = "", attempt: int = 0) -> tuple:
+    fields = {"local_rank": local_rank, "exitcode": code, "message": message, "attempt": attempt}
+    return (node, rank, events.WORKER_FAILED, fields)
+
+
+def error(node: str, rank: int | None, cause: str, status: int = 1, reason: str = "") -> tuple:
+    who = f"rank {rank} on {node}: " if rank is not None else ""
+    line = f"error: {who}{cause} [exit {status}; log /l]"
+    return (node, rank, events.ERROR, {"line": line, "cause": cause, "status": status, "reason": reason})
+
+
+def resumed() -> tuple:
+    fields = {"from_step": 23, "checkpoint": "/r/f/checkpoints/step-00000023.pt", "reached": 27}
+    return ("demo-head-1", 0, events.RESUMED, fields)
+
+
 def test_one_line_per_restart_names_the_killed_rank_not_the_ranks_that_failed_after_it(run, capsys):
-    head, worker = "demo-head-1", "worker-1"
-    lines = [
-        (
-            head,
-            "error: rank 0 on demo-head-1: ranks 2-3 on demo-worker-1 stopped answering: the gradient all-reduce ...",
+    happen(
+        run,
+        error(
+            "demo-head-1",
+            0,
+            "ranks 2-3 on demo-worker-1 stopped answering: the gradient all-reduce ...",
+            reason=events.PEERS_LOST,
         ),
-        (worker, "E1122 12:15:03.098000 6 api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 17) of binary: x"),
-        (head, "E1122 12:15:03.098000 7 api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 156) of binary: x"),
-        (head, "W1122 12:15:03.580000 7 api.py:1002] failed (exitcode: -15) local_rank: 1 (pid: 157) of binary: x"),
-    ]
-    assert all(run.observe(node, line) for node, line in lines)
+        failed("demo-worker-1", 3, 1, -9),
+        failed("demo-head-1", 0, 0, 1, "error: rank 0 on demo-head-1: ranks 2-3 ..."),
+        failed("demo-head-1", 1, 1, -15),
+    )
     assert capsys.readouterr().out == ""  # held back: the job may resume
-    assert run.observe(head, RESUMED)
-    out = capsys.readouterr().out.splitlines()
-    assert out == [
-        "cluster: restart 1: rank 3 (local rank 1 on demo-worker-1) ended with signal 9 (SIGKILL); resumed from "
-        "step 23 (checkpoint /r/f/checkpoints/step-00000023.pt), 4 steps lost (the failed attempt reached step 27)"
+    happen(run, resumed())
+    assert capsys.readouterr().out.splitlines() == [
+        f"cluster: restart 1: rank 3 (local rank 1 on demo-worker-1) ended with signal 9 (SIGKILL); {RESUMED}"
     ]
-    assert run.incident is None and run.errors == []
+    assert run.incident is None and run.errors == [] and run.raised == {}
 
 
 def test_a_container_that_stopped_is_the_cause_and_a_hang_report_names_containers(run, capsys):
     run.failure(runner.CONTAINER, "demo-worker-1 (ranks 2-3) stopped with signal 9 (SIGKILL)")
-    run.observe(
-        "demo-head-1", "error: rank 0 on demo-head-1: rank 3 on demo-worker-1 stopped answering: x [exit 1; log /l]"
+    happen(
+        run,
+        error("demo-head-1", 0, "rank 3 on demo-worker-1 stopped answering: x", reason=events.PEERS_LOST),
+        resumed(),
     )
-    run.observe("demo-head-1", RESUMED)
     assert capsys.readouterr().out.startswith(
         "cluster: restart 1: demo-worker-1 (ranks 2-3) stopped with signal 9 (SIGKILL); resumed from step 23"
     )
-    run.observe(
-        "demo-head-1", "error: rank 0 on demo-head-1: rank 3 on demo-worker-1 stopped answering: y [exit 1; log /l]"
+    happen(
+        run,
+        error("demo-head-1", 0, "rank 3 on demo-worker-1 stopped answering: y", reason=events.PEERS_LOST),
+        resumed(),
     )
-    run.observe("demo-head-1", RESUMED)
     assert capsys.readouterr().out.startswith("cluster: restart 2: rank 3 on demo-worker-1 stopped answering: y; ")
 
 
 def test_a_full_disk_is_not_restarted(run, capsys):
-    line = (
-        "error: rank 0 on demo-head-1: could not write checkpoint /results/f/checkpoints/step-00000030.pt (No space left on "
-        "device): free some space or choose another --out; the earlier checkpoints are intact [exit 1; log /l]"
+    full = error(
+        "demo-head-1",
+        0,
+        "could not write checkpoint /results/f/checkpoints/step-00000030.pt (No space left on device): ...",
+        reason=events.NO_SPACE,
     )
-    run.observe(
-        "demo-head-1", "error: rank 2 on demo-worker-1: rank 0 on demo-head-1 stopped answering: ... [exit 1; log /l]"
+    happen(
+        run,
+        error("demo-worker-1", 2, "rank 0 on demo-head-1 stopped answering: ...", reason=events.PEERS_LOST),
+        full,
+        error("demo-head-1", 0, "cannot resume in /results/f: ...", reason=events.NO_SPACE),
     )
-    run.observe("demo-head-1", line)
-    run.observe(
-        "demo-head-1", "error: rank 0 on demo-head-1: cannot resume in /results/f: ... (No space left on device) ..."
-    )
-    assert capsys.readouterr().err.splitlines() == [line]  # at once; why it was not restarted: the final line
+    assert capsys.readouterr().err.splitlines() == [
+        full[3]["line"]
+    ]  # at once; why it was not restarted: the final line
     assert run.gave_up.status == 1 and run.ended.is_set() and run.status == 1  # the runner stops every container
-    assert runner._failure(run, 143, Filter()) == (
+    assert runner._failure(run, 143) == (
         "not restarted: every attempt would run out of disk the same way; free space in the volume demo_results, "
         "then run the job again: it resumes from its last checkpoint; the job was stopped"
     )
 
 
 def test_bad_input_is_not_restarted_and_a_worker_is_named_by_its_container(run, capsys):
-    run.observe("worker-1", "error: rank 1 on demo-worker-1: --dataset 'nope' is not one of digits [exit 2]")
-    run.observe("worker-1", "E1122 1 api.py:1] failed (exitcode: 2) local_rank: 0 (pid: 9) of binary: x")
-    assert capsys.readouterr().err.splitlines() == [
-        "error: rank 1 on demo-worker-1: --dataset 'nope' is not one of digits [exit 2]"
-    ]
+    bad = error("demo-worker-1", 1, "--dataset 'nope' is not one of digits", status=2)
+    happen(run, bad, failed("demo-worker-1", 1, 0, 2, bad[3]["line"]))
+    assert capsys.readouterr().err.splitlines() == [bad[3]["line"]]
     assert run.gave_up == runner.Stopped("bad input fails the same way on every attempt", 2)
 
 
+def test_an_agent_that_gave_up_on_bad_input_stops_the_job_with_status_2(run):
+    happen(run, ("demo-head-1", 0, events.GAVE_UP, {"reason": events.BAD_INPUT, "message": "", "attempts": 1}))
+    assert run.gave_up == runner.Stopped("bad input fails the same way on every attempt", 2) and run.status == 2
+
+
 def test_at_the_end_a_failure_without_resume_is_told_by_the_ranks_own_lines(run, capsys):
-    run.observe(
-        "demo-head-1", "error: rank 0 on demo-head-1: rank 2 on demo-worker-1 stopped answering: z [exit 1; log /l]"
-    )
+    said = error("demo-head-1", 0, "rank 2 on demo-worker-1 stopped answering: z", reason=events.PEERS_LOST)
+    happen(run, said)
     run.unresolved()
-    assert capsys.readouterr().err.splitlines() == [
-        "error: rank 0 on demo-head-1: rank 2 on demo-worker-1 stopped answering: z [exit 1; log /l]"
-    ]
+    assert capsys.readouterr().err.splitlines() == [said[3]["line"]]
 
 
 def test_node_ranks_follow_c10d_order(run):
     assert run.node_ranks("demo-head-1") == [0, 1]
     assert run.node_ranks("demo-worker-1") == [2, 3]
-    assert run.rank_name("worker-1", 1) == "rank 3 (local rank 1 on demo-worker-1)"
+
+
+def test_the_final_line_names_the_rank_and_node_that_raised(run):
+    happen(run, failed("demo-head-1", 1, 1, 1, "RuntimeError: boom"), failed("demo-head-1", 0, 0, -15))
+    assert runner._failure(run, 1) == "rank 1 on demo-head-1: RuntimeError: boom"
+
+
+def test_a_failure_that_repeats_ends_the_job_with_a_line_that_says_so(run, capsys):
+    happen(run, failed("demo-head-1", 1, 1, 1, "RuntimeError: boom"))
+    assert run.gave_up is None  # once may be chance
+    gave_up = {"reason": events.REPEATED, "message": "RuntimeError: boom", "attempts": 2}
+    happen(run, failed("demo-head-1", 1, 1, 1, "RuntimeError: boom", 1), ("demo-head-1", 1, events.GAVE_UP, gave_up))
+    assert run.ended.is_set() and run.status == 1
+    assert runner._failure(run, 143) == (
+        "not restarted: rank 1 on demo-head-1 failed the same way on attempts 1 and 2 (RuntimeError: boom): a "
+        "restart cannot cure it; fix the script, then run the job again; the job was stopped"
+    )
+
+
+# torch's output of one fault, as torch 2.13 words it and reworded (another glog prefix, another banner, other words):
+# it goes to the log; what the runner concludes comes from the events alone.
+TORCH_213 = """\
+[rank1]: Traceback (most recent call last):
+[rank1]: RuntimeError: boom
+E1122 11:25:09.788000 7 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 1 (pid: 40) of binary: /opt/venv/bin/python3.11
+[W1126 06:00:01.123456 TCPStore.cpp:138] [c10d] recvValueWithTimeout failed on SocketImpl(fd=3)
+frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x98 (0x7f in libc10.so)
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+-m app FAILED
+Root Cause (first observed failure):
+  exitcode  : 1 (pid: 40)
+"""
+TORCH_REWORDED = """\
+{rank=1} Exception in worker:
+{rank=1} RuntimeError: boom
+2026-11-22T11:25:09Z ERROR elastic/api.py:99 worker process 40 (local rank 1) exited, status=1
+<W 06:00:01 TCPStore.cpp:200> c10d: receive timed out
+  #0 c10::Error::Error() in libc10.so
+torch.distributed.elastic.WorkerFailure
+************************************************************
+app: 1 worker failed
+first failure: local rank 1, exit 1
+"""
+
+
+@pytest.mark.parametrize("output", [TORCH_213, TORCH_REWORDED])
+def test_torch_output_in_any_wording_goes_to_the_log_and_changes_nothing_the_runner_concludes(
+    run, monkeypatch, capsys, output
+):
+    class Logs:  # compose logs, as read: every node's lines, then nothing
+        stdout = iter(f"head-1  | 2026-11-22T11:25:09.000Z {line}\n" for line in output.splitlines())
+
+        def kill(self) -> None: ...
+
+        def wait(self) -> None: ...
+
+    monkeypatch.setattr(runner.subprocess, "Popen", lambda *_, **__: Logs())
+    stop = threading.Event()
+    stop.set()
+    runner._follow(run, stop, 0.0)
+    happen(run, failed("demo-head-1", 1, 1, 1, "RuntimeError: boom"), failed("demo-head-1", 0, 0, -15))
+    assert capsys.readouterr() == ("", "")  # nothing of it on the terminal
+    assert output.splitlines()[-1] in run.log_file.read_text()  # all of it in the log
+    assert run.incident.cause == "rank 1 (local rank 1 on demo-head-1) ended with exit 1"
+    assert runner._failure(run, 1) == "rank 1 on demo-head-1: RuntimeError: boom"
+
+
+def test_the_events_file_is_read_by_whole_lines_and_a_stray_line_is_skipped(tmp_path):
+    path = tmp_path / "events.jsonl"
+    events.write(events.GATE, None, path, verdict=events.PASSED, detail="d")
+    with open(path, "a") as handle:
+        handle.write('not json\n{"kind": "gate", "ver')  # a line being written
+    records, offset = events.read(path)
+    assert [r["verdict"] for r in records] == [events.PASSED] and offset == len(path.read_bytes()) - len(
+        '{"kind": "gate", "ver'
+    )
+    assert events.read(path, offset) == ([], offset)
+    assert events.read(tmp_path / "none.jsonl", 0) == ([], 0)
+
+
+def test_a_limit_left_on_a_node_container_is_described_and_the_down_line_says_what_went():
+    assert describe_limits(500_000_000, 0, 0, 0) == "0.5 CPUs"
+    assert describe_limits(0, 150_000, 100_000, 512 * 2**20) == "1.5 CPUs, 512 MiB of memory"
+    assert describe_limits(0, -1, 0, 0) == ""
+    assert removed(
+        [("container", "d-head-1"), ("network", "d_cluster"), ("container", "d-rendezvous-1"), ("volume", "d_results")]
+    ) == ("removed 2 containers (d-head-1, d-rendezvous-1), 1 network (d_cluster), 1 volume (d_results)")
+    assert removed([]) == "nothing to remove (no container, network or volume)"
+
+
+def test_a_node_that_runs_under_a_limit_is_one_line(run, monkeypatch, capsys):
+    shown = "/demo-head-1 0 0 0 0\n/demo-worker-1 500000000 0 0 0\n"
+    monkeypatch.setattr(runner, "_docker", lambda *args, **_: subprocess.CompletedProcess(args, 0, shown, ""))
+    runner._limits(run)
+    assert capsys.readouterr().out.splitlines() == [
+        "cluster: demo-worker-1 runs under a limit: 0.5 CPUs; it slows the job (it was set on the container, which "
+        "jobs reuse): make cluster-down removes it"
+    ]
 
 
 def _docker_events_of(project: str) -> list[int]:
@@ -226,50 +287,6 @@ def test_the_node_watcher_ends_with_the_job_and_leaves_no_docker_events(tmp_path
     for pid in left:  # a leak found: clean up after the failed test
         os.kill(pid, 9)
     assert not watcher.is_alive() and not left
-
-
-def _attempt(run, node: str, rank: int, local_rank: int, message: str) -> Filter:
-    """One attempt of a user script that raises on one rank: its traceback, then torchrun's report."""
-    filt = Filter()
-    lines = [
-        f"[rank{rank}]: Traceback (most recent call last):",
-        f'[rank{rank}]:   File "/job/script.py", line 9, in <module>',
-        f'[rank{rank}]:     raise RuntimeError("{message}")',
-        f"[rank{rank}]: RuntimeError: {message}",
-        f"E1122 12:15:03.098000 7 api.py:1002] failed (exitcode: 1) local_rank: {local_rank} (pid: 40) of binary: x",
-    ]
-    for line in lines:
-        run.take(node, filt, line)
-        run.observe(node, line)
-    return filt
-
-
-def test_the_final_line_names_the_rank_and_node_that_raised(run):
-    filt = _attempt(run, "demo-head-1", 1, 1, "boom")
-    assert runner._failure(run, 1, filt) == "rank 1 on demo-head-1: RuntimeError: boom"
-    other = _attempt(run, "worker-1", 3, 1, "boom")  # a worker's rank, read from its own output
-    assert run.raised == {} and run.failed_before[3] == "RuntimeError: boom"
-    assert other.cause_rank == 3 and run.where(3) == "rank 3 on demo-worker-1"
-
-
-def test_a_failure_that_repeats_on_the_next_attempt_stops_the_restarts(run, capsys):
-    _attempt(run, "demo-head-1", 1, 1, "boom")
-    assert run.gave_up is None  # once may be chance
-    filt = _attempt(run, "demo-head-1", 1, 1, "boom")
-    assert run.ended.is_set() and run.status == 1
-    assert runner._failure(run, 143, filt) == (
-        "not restarted: rank 1 on demo-head-1 failed the same way on two attempts in a row (RuntimeError: boom): a "
-        "restart cannot cure it; fix the script, then run the job again; the job was stopped"
-    )
-
-
-def test_different_failures_or_a_lost_container_keep_the_restarts(run):
-    _attempt(run, "demo-head-1", 1, 1, "boom at step 3")
-    _attempt(run, "demo-head-1", 1, 1, "boom at step 7")  # another failure: restarted
-    assert run.gave_up is None
-    run.failure(runner.CONTAINER, "demo-worker-1 (ranks 2-3) stopped with signal 9 (SIGKILL)")
-    _attempt(run, "demo-head-1", 1, 1, "boom at step 7")  # the same, but a container was lost: not the script's
-    assert run.gave_up is None
 
 
 def _event(action: str, service: str, code: int | None = None) -> str:
@@ -320,27 +337,32 @@ def test_a_node_lost_is_restarted_a_node_that_ended_ends_the_job_and_so_does_the
     assert calls == restarted
     assert (run.status, run.ended_by) == ended if ended else not run.ended.is_set()
     if ended and ended[1] == "demo-rendezvous-1":
-        assert runner._failure(run, run.status, Filter()) == (
+        assert runner._failure(run, run.status) == (
             "the rendezvous store (demo-rendezvous-1) was lost: it stopped with signal 9 (SIGKILL); run the job again "
             "to resume from its last checkpoint"
         )
 
 
 def test_a_node_kept_out_by_its_gate_is_one_line_and_no_restart(run, capsys):
-    kept = "gate: kept out: device check 4.1 GFLOP/s against the job's 36.2 (fail below 0.5); tried again every 10 s"
-    assert run.observe("worker-1", kept)
+    kept = {
+        "verdict": events.KEPT_OUT,
+        "detail": "device check 4.1 GFLOP/s against the job's 36.2 (fail below 0.5)",
+        "retry_every": 10,
+    }
+    happen(run, ("demo-worker-1", None, events.GATE, kept))
     assert capsys.readouterr().out.splitlines() == [
         "cluster: node demo-worker-1 kept out: device check 4.1 GFLOP/s against the job's 36.2 (fail below 0.5); "
         "tried again every 10 s"
     ]
     assert run.restarts == 0 and run.incident is None  # nothing counted against --max-restarts
-    back = "gate: passed after 40 s kept out: cpu 35.0 GFLOP/s, 3.1 GB/s copy against the job's cpu 36.2 GFLOP/s, 3.0 GB/s copy"
-    assert run.observe("worker-1", back)
+    figures = "cpu 35.0 GFLOP/s, 3.1 GB/s copy against the job's cpu 36.2 GFLOP/s, 3.0 GB/s copy"
+    happen(run, ("demo-worker-1", None, events.GATE, {"verdict": events.PASSED_AFTER, "detail": figures, "waited": 40}))
     assert capsys.readouterr().out == (
         "cluster: node demo-worker-1 passed its gate after 40 s kept out: cpu 35.0 GFLOP/s, 3.1 GB/s copy against "
         "the job's cpu 36.2 GFLOP/s, 3.0 GB/s copy; it joins at the next rendezvous round\n"
     )
-    assert Filter().is_internal("gate: passed in 4.2 s: cpu 35.0 GFLOP/s, 3.1 GB/s copy against the job's ...")
+    happen(run, ("demo-head-1", None, events.GATE, {"verdict": events.PASSED, "detail": figures}))
+    assert capsys.readouterr().out == ""  # a node let in at once: nothing to say
 
 
 @pytest.mark.parametrize(
@@ -365,3 +387,13 @@ def test_a_lost_node_is_started_at_once_when_docker_stopped_it_else_after_the_re
     slept_now: list[float] = []
     runner._restart_node(run, "demo-worker-1", 137, threading.Event(), by_docker)
     assert (done, slept_now) == (calls, slept) and run.restarts == 1 and not run.gone
+
+
+def test_cluster_logs_prints_each_event_after_the_nodes_output(tmp_path):
+    path = tmp_path / "events.jsonl"
+    events.write(events.WORKER_FAILED, 3, path, local_rank=1, exitcode=-9, message="", attempt=0)
+    [record], _ = events.read(path)
+    line = runner.describe_event(record | {"node": "demo-worker-1"})
+    assert line.startswith("events | ") and line.endswith(
+        'demo-worker-1 rank 3: worker_failed local_rank=1 exitcode=-9 message="" attempt=0'
+    )

@@ -103,7 +103,13 @@ def test_master_addr_override_and_uneven_hosts() -> None:
 
 def test_hostfile_round_trip_with_comments() -> None:
     text = "# cluster\nnode0 slots=8\nnode1 slots=8 max_slots=8  # second\n\nnode2\n"
-    assert parse_hostfile(text) == (Host("node0", 8), Host("node1", 8), Host("node2", 1))
+    notes: list[str] = []
+    assert parse_hostfile(text, "hosts.txt", note=notes.append) == (
+        Host("node0", 8),
+        Host("node1", 8),
+        Host("node2", 1),
+    )
+    assert notes == ["hosts.txt line 5: node2 has no slots=N: 1 slot (OpenMPI would count its cores)"]
     assert parse_hostfile(render.render_hostfile(HOSTS)) == HOSTS
 
 
@@ -131,6 +137,8 @@ def test_job_argv_runs_the_app_or_the_users_script_unchanged() -> None:
     [
         (lambda: parse_hostfile("node0 slots=two\n", "hosts.txt"), "hosts.txt line 1"),
         (lambda: parse_hostfile("node0 cpus=2\n"), "node0 slots=2"),
+        (lambda: parse_hostfile("", "hosts.txt"), "hosts.txt names no host (empty, or only comments): write one"),
+        (lambda: parse_hostfile("# node0 slots=2\n\n"), "hostfile names no host"),
         (lambda: parse_hosts("node0:x"), "NAME:SLOTS"),
         (lambda: parse_hosts("node0:0"), "at least 1 slot"),
         (lambda: parse_hosts("bad host:1"), "not a valid host name"),
@@ -186,6 +194,21 @@ def test_cli_bad_hostfile_exits_2_with_one_line(tmp_path) -> None:
     done = _topology_cli("--hostfile", str(tmp_path / "missing"), "--format", "hostfile")
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "cannot read --hostfile" in done.stderr
+
+
+def test_cli_names_the_empty_hostfile_it_was_given_and_says_what_a_line_without_slots_means(tmp_path) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# node0 slots=2\n")
+    done = _topology_cli("--hostfile", str(hostfile), "--format", "hostfile")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert f"--hostfile {hostfile} names no host" in done.stderr and "give --hosts" not in done.stderr
+    hostfile.write_text("node0 slots=2\nnode1\n")
+    done = _topology_cli("--hostfile", str(hostfile), "--launcher", "mpirun", "--format", "hostfile")
+    assert done.returncode == 0 and done.stdout == "node0 slots=2\nnode1 slots=1\n", done.stderr
+    assert (
+        done.stderr
+        == f"note: --hostfile {hostfile} line 2: node1 has no slots=N: 1 slot (OpenMPI would count its cores)\n"
+    )
 
 
 def test_spec_file_is_overridden_by_flags_and_checked_for_unknown_keys(tmp_path) -> None:

@@ -15,6 +15,7 @@ import copy
 import pytest
 import yaml
 
+from app import contract
 from app.runtime.launcher import detect
 from app.topology import trainjob
 from app.topology.spec import build
@@ -207,7 +208,7 @@ def test_torchrun_reads_the_torch_plugins_variables(shape: str, monkeypatch) -> 
             str(trainer["numProcPerNode"]),
             pod.index,
         )
-        assert (args.master_addr, args.master_port) == (f"{name}-node-0-0.{name}", trainjob.TRAINER_PORT)
+        assert (args.master_addr, args.master_port) == (f"{name}-node-0-0.{name}", contract.RENDEZVOUS_PORT)
         assert (args.training_script, args.module, args.max_restarts) == ("app", True, 0)
         config, _, _ = config_from_args(args)
         nodes = len(pods)

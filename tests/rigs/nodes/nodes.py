@@ -18,7 +18,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[3]
 NODE_IMAGE = "ddp-cluster-node:bookworm"
-BUILD_SCRIPT = REPO / "cluster" / "nodes" / "build.sh"
+BUILD_SCRIPT = REPO / "tests" / "rigs" / "nodes" / "build.sh"
 LOCAL_INVENTORY = REPO / "ansible" / "inventory" / "local-nodes.yml"
 DOCKER_TIMEOUT_S = 120
 NODE_RUN_ARGS = [

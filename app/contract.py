@@ -1,0 +1,81 @@
+"""The contract every engine shares: the facts that compose, Ansible, Slurm, Kubernetes, the image and the
+app itself must agree on, each written once here (ports, the paths inside the image, the image's name
+and which flavour of it a node runs). Names and versions of the images are read from
+``docker/versions.env``, the one file that Make, the image build and Python read. Needs no torch.
+
+    python -m app topology --gpus-per-node 8 --nproc-per-node 8 --format flavour   # cuda
+    python -m app topology --format image                                          # ddp-cluster:cpu
+    python -c 'from app import contract; print(contract.image(8))'                 # ddp-cluster:cuda
+"""
+
+import re
+import sys
+from functools import cache
+from pathlib import Path
+
+from app.errors import UsageError
+
+RENDEZVOUS_PORT = 29500
+"""The rendezvous port (MASTER_PORT, torchrun's --master-port default and the Kubeflow torch plugin's
+PET_MASTER_PORT): used wherever a launcher or a spec gives none."""
+C10D_PORT = 29400
+"""torchrun's port of a c10d --rdzv-endpoint given without one."""
+
+JOB_DIR = "/job"
+"""In the image: where a user's script folder is mounted read-only (compose, Kubernetes)."""
+CLUSTER_DIR = "/cluster"
+"""In the image: the cluster's rendered files (torchrun.args, mpirun.args, hostfile, cluster.env, ssh/)."""
+RESULTS_DIR = "/results"
+"""In the image: where a job writes its results (checkpoints, metrics, summaries), brought back by each engine."""
+
+APP_UID = 1000
+"""In the image: the user ``app`` (docker/Dockerfile, ARG APP_UID) and its group, that every process runs as."""
+APP_HOME = "/home/app"
+"""In the image: the home of ``app`` (its caches)."""
+
+CPU, CUDA = "cpu", "cuda"
+FLAVOURS = (CPU, CUDA)
+"""The workload image's flavours, its tags: IMAGE_NAME:cpu and IMAGE_NAME:cuda."""
+
+VERSIONS_FILE = "docker/versions.env"
+"""The file of the images' names, bases and pins (an installed package's share/ddp-cluster/versions.env)."""
+COMPOSE_FILE = "compose.yaml"
+"""The compose mini-cluster's file (an installed package's share/ddp-cluster/compose.yaml)."""
+_LINE = re.compile(r"([A-Z][A-Z0-9_]*)=([^\s'\"$`\\]+)")
+
+
+def flavour(gpus_per_node: int) -> str:
+    """The image flavour of a node with this many GPUs: cuda when it has any, else cpu."""
+    return CUDA if gpus_per_node > 0 else CPU
+
+
+def image(gpus_per_node: int) -> str:
+    """The workload image of a node with this many GPUs: ``ddp-cluster:cuda`` or ``ddp-cluster:cpu``."""
+    return f"{versions()['IMAGE_NAME']}:{flavour(gpus_per_node)}"
+
+
+def shipped(relative: str) -> Path:
+    """A file of the repository that pip installs as share/ddp-cluster/<its name> (pyproject's data-files):
+    this checkout's, else the installed copy."""
+    checkout = Path(__file__).resolve().parents[1] / relative
+    return checkout if checkout.is_file() else Path(sys.prefix, "share", "ddp-cluster", Path(relative).name)
+
+
+@cache
+def versions() -> dict[str, str]:
+    """Every KEY=VALUE of docker/versions.env (comments and blank lines aside)."""
+    path = shipped(VERSIONS_FILE)
+    if not path.is_file():
+        raise UsageError(
+            f"{VERSIONS_FILE} not found (neither in a checkout nor at {path}): reinstall the package "
+            "(pip install .) or give the image with --image"
+        )
+    values: dict[str, str] = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        match = _LINE.fullmatch(line)
+        if match is None:
+            raise UsageError(f"{path}:{number}: '{line}' is not KEY=VALUE (no quotes, spaces or $); fix that line")
+        values[match[1]] = match[2]
+    return values

@@ -1,0 +1,89 @@
+"""A job's events: what happened to it, as facts, one JSON object a line in the job's events file.
+
+    write(WORKER_FAILED, rank=3, local_rank=1, exitcode=-9, message="", attempt=0)   # a node's agent
+    records, offset = read(path, offset)                                               # the cluster runner
+
+Every record has ``time`` (seconds since the epoch), ``node`` (the writer's host name), ``rank`` (its global
+rank; None for a node's agent) and ``kind``, then the fields of its kind (below). Node agents, ranks and the
+gate append to the file that the launcher names (``launcher.events_file``: DDP_CLUSTER_EVENTS_FILE; the compose
+cluster mounts build/cluster/<name>/events at /events); without one nothing is written. Each record is one
+``write`` of one line to a file opened with O_APPEND, so the writers of several containers never interleave.
+
+The cluster runner reads these facts, not the words of torch's log lines or of the app's own messages: a torch
+release that rewords its output changes nothing here. Stdlib only (the runner runs on the host).
+"""
+
+import contextlib
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+WORKER_FAILED = "worker_failed"
+"""A node's agent saw a rank's process end: ``local_rank``, ``exitcode`` (negative: the signal), ``message``
+(the rank's error as torchelastic's error file holds it; "" when it wrote none), ``attempt`` (0: the first)."""
+GAVE_UP = "gave_up"
+"""A node's agent restarts its ranks no more: ``reason`` (BAD_INPUT or REPEATED), ``message`` (the failure),
+``attempts`` (the attempts made)."""
+ERROR = "error"
+"""A rank's (or a node command's) one-line error: ``line`` (as printed), ``cause`` (its message alone),
+``status`` (the exit status), ``reason`` (PEERS_LOST, NO_SPACE or "")."""
+RESUMED = "resumed"
+"""Rank 0 resumed training: ``from_step``, ``checkpoint`` (None: from the start), ``reached`` (the failed
+attempt's last step; None: unknown)."""
+GATE = "gate"
+"""A node's health gate: ``verdict`` (KEPT_OUT, PASSED_AFTER or PASSED) and ``detail`` (its figures)."""
+
+BAD_INPUT, REPEATED = "bad_input", "repeated"
+"""Why an agent gave up: a rank said its input is bad (exit status 2); a rank failed the same way twice."""
+PEERS_LOST, NO_SPACE = "peers_lost", "no_space"
+"""Reasons of an error: other ranks stopped answering; a disk (or quota) is full."""
+KEPT_OUT, PASSED_AFTER, PASSED = "kept_out", "passed_after", "passed"
+"""A gate's verdicts: kept out; let in after being kept out; let in at once."""
+
+
+def write(kind: str, rank: int | None = None, path: str | os.PathLike | None = None, **fields: object) -> None:
+    """Append one record of ``kind`` to ``path`` (default: the launcher's events file; none: nothing). A record
+    that cannot be written (a full disk) is lost, never the writer's failure."""
+    if path is None:
+        from app.runtime import launcher  # (the runner, stdlib only, reads events and writes none)
+
+        path = launcher.events_file()
+    if path is None:
+        return
+    record = {"time": round(time.time(), 3), "node": socket.gethostname(), "rank": rank, "kind": kind, **fields}
+    line = (json.dumps(record, default=str) + "\n").encode()
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+
+def read(path: Path, offset: int = 0) -> tuple[list[dict], int]:
+    """The records of ``path`` from byte ``offset`` on, and the offset after the last whole line (a line being
+    written is read next time). A line that is not a record is skipped."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+    except FileNotFoundError:
+        return [], offset
+    whole = data[: data.rfind(b"\n") + 1]
+    records = []
+    for raw in whole.splitlines():
+        with contextlib.suppress(ValueError):
+            record = json.loads(raw)
+            if isinstance(record, dict) and "kind" in record:
+                records.append(record)
+    return records, offset + len(whole)
+
+
+def size(path: Path) -> int:
+    """The file's length now (0: none yet): a reader that starts here reads only what comes after."""
+    try:
+        return Path(path).stat().st_size
+    except FileNotFoundError:
+        return 0
