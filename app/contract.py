@@ -27,6 +27,8 @@ CLUSTER_DIR = "/cluster"
 """In the image: the cluster's rendered files (torchrun.args, mpirun.args, hostfile, cluster.env, ssh/)."""
 RESULTS_DIR = "/results"
 """In the image: where a job writes its results (checkpoints, metrics, summaries), brought back by each engine."""
+EVENTS_DIR = "/events"
+"""In the image: the folder of the job's events file (app/events.py), a host folder that the runner reads."""
 
 APP_UID = 1000
 """In the image: the user ``app`` (docker/Dockerfile, ARG APP_UID) and its group, that every process runs as."""

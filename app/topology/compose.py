@@ -49,7 +49,7 @@ OMP_THREADS = 1
 """OMP_NUM_THREADS of every rank: the containers share the machine's cores."""
 NODE_FILES, NO_SCRIPT = "node", "job"
 """Folders of the rendered files: what every node reads at /cluster (read-only); /job without --script."""
-EVENTS, EVENTS_MOUNT, EVENTS_NAME = "events", "/events", "events.jsonl"
+EVENTS, EVENTS_MOUNT, EVENTS_NAME = "events", contract.EVENTS_DIR, "events.jsonl"
 """The job's events (``app.events``): the folder beside the rendered files, where every container mounts it, and
 the file's name in it."""
 
@@ -165,7 +165,6 @@ def env_file(spec: ClusterSpec, folder: Path) -> str:
         "SCRIPT_DIR": os.fspath(script_dir(spec) or folder / NO_SCRIPT),
         "NODE_FILES": os.fspath(folder / NODE_FILES),
         "EVENTS_DIR": os.fspath(folder / EVENTS),
-        "EVENTS_MOUNT": EVENTS_MOUNT,
         "EVENTS_FILE": f"{EVENTS_MOUNT}/{EVENTS_NAME}",
     }
     return "".join(f"{key}={_quoted(str(value))}\n" for key, value in values.items())

@@ -186,7 +186,7 @@ def _top(path: str) -> str:
 def test_the_files_that_cannot_import_the_contract_carry_its_paths() -> None:
     """The image (docker/Dockerfile makes the folders, docker/bin's defaults) and compose.yaml's mounts are not
     Python: each in-image path they name is the contract's, so a contract changed alone fails here."""
-    paths = {contract.JOB_DIR, contract.CLUSTER_DIR, contract.RESULTS_DIR}
+    paths = {contract.JOB_DIR, contract.CLUSTER_DIR, contract.RESULTS_DIR, contract.EVENTS_DIR}
     made = re.search(r"install -d -o app -g app -m 0755 ([^\n]+)", (ROOT / "docker" / "Dockerfile").read_text())
     assert made is not None and {_top(p) for p in made[1].split()} == paths
     volumes = [v for n in _walk(yaml.safe_load(compose.COMPOSE_FILE.read_text())) if isinstance(n, dict) for v in
