@@ -61,10 +61,18 @@ def test_user_script_runs_unchanged_and_each_run_shows_only_its_own_output(clust
 
 
 def test_failing_job_fails_cluster_up(cluster):
+    """Bad input: a rank's own one line says what is wrong, the job is not restarted, the status is 2.
+
+    The start line (stdout) names the dataset too, and every end prints "job exit status": only the rank's
+    line on stderr and the command's own say that this job failed for this reason."""
     proc = cluster.make("cluster-up", "JOB=train --dataset no-such-dataset", "NPROC_PER_NODE=1")
-    assert proc.returncode != 0, explain(proc)
-    assert "no-such-dataset" in proc.stdout + proc.stderr, explain(proc)
-    assert "job exit status" in proc.stdout
+    assert proc.returncode == 2, explain(proc)
+    cause = "--dataset 'no-such-dataset' is not one of digits, mnist, cifar10, synthetic"
+    ranks = {f"rank {rank} on {cluster.project}-{node}: " for rank, node in ((0, "head-1"), (1, "worker-1"))}
+    said = [line for line in proc.stderr.splitlines() if line.startswith("error: rank ")]
+    assert said and all(any(f"error: {r}{cause} [exit 2" in line for r in ranks) for line in said), explain(proc)
+    assert "error: not restarted: bad input fails the same way on every attempt; the job was stopped" in proc.stderr
+    assert "cluster: job exit status 2 after " in proc.stdout, explain(proc)
 
 
 def test_worker_failure_fails_cluster_up(cluster):

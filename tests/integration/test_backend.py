@@ -7,16 +7,21 @@ rank 1 gloo, and both waited the whole timeout).
 """
 
 import json
+import re
 import subprocess
 import time
 
 import pytest
+import torch
 
 from tests.integration.launchers import ERROR_LINE, TORCHRUN, _clean_env
 
 pytestmark = pytest.mark.integration
 
 WORKER = "tests.integration.gpu_worker"
+CPU_ONLY_TORCH = torch.version.cuda is None and torch.version.hip is None
+NO_NCCL = "torch carries no NCCL: install a CUDA build of torch, or use --backend gloo"
+"""The nccl check's line where torch has no NCCL: said only by a rank whose backend is nccl."""
 TIMEOUT_S = 300
 """The rendezvous timeout given to the ranks: an error that waited for it would take this long."""
 
@@ -44,10 +49,17 @@ def test_auto_with_more_local_ranks_than_gpus_is_gloo_on_every_rank(tmp_path) ->
 
 def test_auto_with_a_gpu_per_rank_would_be_nccl_control(tmp_path) -> None:
     # The negative control: with enough (injected) GPUs auto picks nccl, which needs a real GPU
-    # here, so the run must fail at the first CUDA call rather than fall back to gloo.
+    # here, so the run must fail, on nccl's account, rather than fall back to gloo: any other crash
+    # (of gloo on a GPU that is not there, say) is not this control's.
     done, _ = _torchrun(2, 2, ["check", "--timeout", "30"])
     assert done.returncode != 0
     assert "backend auto:" not in done.stderr
+    errors = [ERROR_LINE.match(line) for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors and all(errors), done.stderr[-3000:]
+    if CPU_ONLY_TORCH:  # the nccl check of each rank that took nccl (app/diagnostics/gpus.py) says it
+        assert {e["cause"] for e in errors} == {NO_NCCL}, done.stderr[-3000:]
+    else:  # a CUDA build: nccl fails at its first touch of the (absent) GPU
+        assert all(re.search("nccl|cuda", e["cause"], re.IGNORECASE) for e in errors), done.stderr[-3000:]
 
 
 def test_nccl_with_more_local_ranks_than_gpus_is_one_line_at_once() -> None:

@@ -1,15 +1,20 @@
 """DDP proof 3: a job that dies after step s and is restarted by torchrun ends exactly where an
-uninterrupted one does (model, optimizer, sampler position and RNG all come back)."""
+uninterrupted one does (model, optimizer, sampler position and RNG all come back); and what it
+resumes from is the checkpoint's content: a checkpoint whose weights or RNG states are changed
+ends elsewhere (a run that silently trained from step 0 again would end where the reference did)."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.integration.train_runs import (
+    CHECKPOINTED,
     final_params,
     metrics,
+    run_ranks,
     same_final_params,
     summary,
     synthetic,
@@ -111,3 +116,68 @@ def test_a_finished_job_run_again_says_so_and_keeps_its_summary(tmp_path) -> Non
     more = train(2, [*args, "--resume", "auto", "--epochs", "3"], tmp_path)
     assert "nothing left to do" not in more.stdout  # the negative control: with more to do, it trains
     assert json.loads((out / "summary.json").read_text())["step"] == 24
+
+
+DROPOUT = ["--dropout", "0.3"]
+"""The test worker's dropout: the global RNG draws a mask every step, so the RNG state is part of where a run is."""
+
+
+def _train_with_dropout(out: Path, tmp: Path, *extra: str) -> None:
+    """The CHECKPOINTED run, through the test worker with dropout, on 2 hand-started ranks."""
+    args = [*synthetic(out, *CHECKPOINTED), *DROPOUT, *extra]
+    for rank, done in enumerate(run_ranks(2, args, tmp, module="tests.integration.train_worker")):
+        assert done.returncode == 0, f"rank {rank}: {done.stderr[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def with_dropout(tmp_path_factory) -> Path:
+    """An uninterrupted CHECKPOINTED run with dropout (checkpoints at 5, 8, 10, 15, 16)."""
+    folder = tmp_path_factory.mktemp("dropout")
+    _train_with_dropout(folder / "reference", folder)
+    return folder / "reference"
+
+
+def _resume_from_step_5(reference: Path, tmp_path: Path, change=None) -> Path:
+    """A run that resumes, to the end, from the reference's step-5 checkpoint (copied, or as ``change`` makes it)."""
+    out = tmp_path / "resumed"
+    (out / "checkpoints").mkdir(parents=True)
+    name = "step-00000005.pt"
+    if change is None:
+        shutil.copy(reference / "checkpoints" / name, out / "checkpoints" / name)
+    else:
+        state = torch.load(reference / "checkpoints" / name, map_location="cpu", weights_only=True)
+        torch.save(change(state), out / "checkpoints" / name)
+    _train_with_dropout(out, tmp_path, "--resume", "auto")
+    assert summary(out)["resumed_from"].endswith(name)
+    return out
+
+
+def _differ(a: dict, b: dict) -> bool:
+    return any(not torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_run_with_dropout_resumes_exactly_with_its_rng_states(tmp_path, with_dropout: Path) -> None:
+    same_final_params(with_dropout, _resume_from_step_5(with_dropout, tmp_path))
+
+
+def test_resuming_with_other_rng_states_ends_elsewhere(tmp_path, with_dropout: Path) -> None:
+    # The control of the test above: the same checkpoint with every rank's RNG state replaced (another seed's)
+    # draws other dropout masks from step 6 on, so the RNG state restored is what made that run exact.
+    other = torch.Generator().manual_seed(12345).get_state()
+
+    def reseeded(state: dict) -> dict:
+        return {**state, "rng": [{**rng, "cpu": other} for rng in state["rng"]]}
+
+    resumed = _resume_from_step_5(with_dropout, tmp_path, reseeded)
+    assert _differ(final_params(with_dropout), final_params(resumed)), "other RNG states, the same parameters"
+
+
+def test_a_resumed_run_continues_from_the_checkpoints_weights(tmp_path, with_dropout: Path) -> None:
+    # The step-5 checkpoint's weights changed a little: a run that resumes from them ends elsewhere; one that
+    # ignored the checkpoint and trained from step 0 again would end with the reference's parameters.
+    def tampered(state: dict) -> dict:
+        return {**state, "model_state": {k: v + 0.01 for k, v in state["model_state"].items()}}
+
+    resumed = _resume_from_step_5(with_dropout, tmp_path, tampered)
+    assert _differ(final_params(with_dropout), final_params(resumed)), "the checkpoint's weights were not used"
+    assert summary(resumed)["step"] == 16 and summary(resumed)["params_identical"]

@@ -1,8 +1,8 @@
 """Test worker: ``app train`` with test-only hooks: a DDP comm hook that counts the gradient
-all-reduces, and a simulated crash.
+all-reduces, a simulated crash, dropout, a rank knocked off the others' parameters.
 
     python -m tests.integration.train_worker [--counts DIR] [--crash-at-step N --crash-rank R]
-        [--term-at-step N --term-rank R ...] <app train flags>
+        [--term-at-step N --term-rank R ...] [--dropout P] [--nudge-at-step N --nudge-rank R] <app train flags>
 
 --counts DIR: each rank writes DIR/rank-N.json: {"allreduces": ..., "step": ...}.
 --crash-at-step N: after optimizer step N (and its checkpoint, if one is due), on the first attempt
@@ -11,6 +11,10 @@ with status CRASH_EXIT_CODE, like a killed process: no cleanup, no goodbye to it
 --term-at-step N: after optimizer step N, on the first attempt only, each --term-rank sends itself
 SIGTERM, as a launcher that stops its workers does (torchrun's agent at a new round, scancel).
 --hang-at-step N: after optimizer step N, on the first attempt only, each --hang-rank sleeps an hour.
+--dropout P: the model's input goes through dropout while it trains (torch's global RNG draws the mask; no
+model of the app's uses that RNG while training, so only this shows whether a resumed run restores it).
+--nudge-at-step N: after optimizer step N, --nudge-rank adds NUDGE to the first element of the model's first
+parameter: that rank's parameters then differ from the others' by NUDGE.
 """
 
 import argparse
@@ -21,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from app import flags
@@ -31,6 +37,8 @@ from app.train.trainer import Trainer
 
 CRASH_EXIT_CODE = 17
 """Exit status of the simulated crash."""
+NUDGE = 0.25
+"""What --nudge-at-step adds to one parameter element of --nudge-rank."""
 
 
 def main(argv: list[str]) -> int:
@@ -42,6 +50,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--term-rank", type=int, action="append", default=[])
     parser.add_argument("--hang-at-step", type=int, default=0)
     parser.add_argument("--hang-rank", type=int, action="append", default=[])
+    parser.add_argument("--dropout", type=float, default=0.0)
+    parser.add_argument("--nudge-at-step", type=int, default=0)
+    parser.add_argument("--nudge-rank", type=int, default=1)
     add_arguments(parser)
     args = parser.parse_args(argv)
     calls = {"allreduces": 0}
@@ -65,8 +76,20 @@ def main(argv: list[str]) -> int:
         if first_attempt_at(trainer, step, args.hang_at_step, args.hang_rank):
             time.sleep(3600)
 
+    def nudge(trainer: Trainer, step: int) -> None:
+        if step == args.nudge_at_step and trainer.rank == args.nudge_rank:
+            with torch.no_grad():
+                next(trainer.model.parameters()).view(-1)[0] += NUDGE
+
+    def dropout(module: torch.nn.Module, inputs: tuple) -> tuple:
+        return tuple(F.dropout(x, args.dropout, training=module.training) for x in inputs)
+
     def prepare(trainer: Trainer) -> None:
         calls["rank"] = trainer.rank
+        if args.dropout:
+            trainer.model.register_forward_pre_hook(dropout)
+        if args.nudge_at_step:
+            trainer.step_hooks.append(nudge)
         if args.counts:
             trainer.ddp.register_comm_hook(None, counting_hook)
         if args.crash_at_step:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.slurm.conftest import ROOT, SlurmCluster, docker, explain, make
 
@@ -45,8 +46,21 @@ def test_training_is_the_same_under_both_styles(slurm_cluster: SlurmCluster) -> 
         assert (summary["launcher"], summary["world_size"], summary["nodes"]) == (launcher, 4, 2)
         assert summary["params_identical"] and summary["test_accuracy"] > 0.85, summary
         summaries[style] = summary
-    # One job, two launch styles: the same ranks see the same data, so the same model comes out.
+    # One job, two launch styles: the same ranks see the same data, so the same model comes out, bit for bit
+    # (an accuracy alone would match many models).
+    final = {style: _model_state(slurm_cluster.results, s["checkpoint"]) for style, s in summaries.items()}
+    assert final["torchrun"].keys() == final["srun"].keys()
+    differ = [name for name in final["torchrun"] if not torch.equal(final["torchrun"][name], final["srun"][name])]
+    assert not differ, f"the final checkpoints differ in {differ}: {summaries['torchrun']['checkpoint']}, " + str(
+        summaries["srun"]["checkpoint"]
+    )
     assert summaries["torchrun"]["test_accuracy"] == summaries["srun"]["test_accuracy"]
+
+
+def _model_state(results: Path, checkpoint: str) -> dict[str, torch.Tensor]:
+    """The model weights of a checkpoint that the job names by its path under /results (the host's RESULTS)."""
+    path = results / Path(checkpoint).relative_to("/results")
+    return torch.load(path, map_location="cpu", weights_only=True)["model_state"]
 
 
 def test_a_failing_job_shows_its_state_exit_code_and_error_line(slurm_cluster: SlurmCluster) -> None:

@@ -22,6 +22,8 @@ K8S_VERSIONS = ("1.31", "1.37")
 """Kubernetes versions the manifests are validated against (strict: unknown fields are errors): 1.31,
 the first with podFailurePolicy GA, and 1.37, the newest that kubernetes-validate bundles."""
 SCHEMAS_ENV = "DDP_K8S_SCHEMAS"
+UPDATE_GOLDEN_ENV = "DDP_UPDATE_GOLDEN"
+"""Set to 1, the golden tests rewrite their files from what the CLI renders (then review the diff)."""
 DEFAULT_SCHEMAS = Path(__file__).resolve().parents[3] / "shared" / "k8s"
 PYTORCHJOB_CRD = "kubeflow.org_pytorchjobs.yaml"
 TRAINJOB_CRD = "trainer.kubeflow.org_trainjobs.yaml"
@@ -44,6 +46,20 @@ def schema_file(name: str) -> Path:
             pytest.fail(f"{line}; CI must run the CRD tests", pytrace=False)
         pytest.skip(line)
     return path
+
+
+def golden_text(path: Path, rendered: str) -> str:
+    """What ``path`` holds, to compare ``rendered`` with; under DDP_UPDATE_GOLDEN=1, ``rendered`` is written there
+    first. Under CI (CI=true) that is refused with one line: a test that writes what it compares cannot fail."""
+    if os.environ.get(UPDATE_GOLDEN_ENV) == "1":
+        if os.environ.get("CI") == "true":
+            pytest.fail(
+                f"{UPDATE_GOLDEN_ENV}=1 under CI=true would write {path.name} from the output it checks: "
+                f"unset {UPDATE_GOLDEN_ENV} in CI (update golden files locally, then review the diff)",
+                pytrace=False,
+            )
+        path.write_text(rendered)
+    return path.read_text()
 
 
 def validate_builtin(obj: dict, version: str) -> None:

@@ -6,10 +6,10 @@ PET_* variables: test_trainjob.py.
 
     DDP_K8S_SCHEMAS=/work/shared/k8s pytest tests/unit/test_kube.py    # the CRDs' folder, if not ../shared/k8s
     DDP_UPDATE_GOLDEN=1 pytest tests/unit/test_kube.py -k golden       # rewrite the golden files, then review the diff
+                                                                       # (refused under CI=true: one-line failure)
 """
 
 import copy
-import os
 import re
 import subprocess
 import sys
@@ -76,9 +76,27 @@ def test_golden_files_are_what_the_cli_renders(name: str) -> None:
     done = _topology(*VARIANTS[name])
     assert done.returncode == 0, done.stderr
     path = GOLDEN / f"{name}.yaml.golden"
-    if os.environ.get("DDP_UPDATE_GOLDEN") == "1":
-        path.write_text(done.stdout)
-    assert done.stdout == path.read_text(), f"{path.name} is stale: rerun with DDP_UPDATE_GOLDEN=1 and review"
+    want = kube_checks.golden_text(path, done.stdout)
+    assert done.stdout == want, f"{path.name} is stale: rerun with DDP_UPDATE_GOLDEN=1 and review"
+
+
+@pytest.mark.parametrize("ci", ["true", None])
+def test_updating_golden_files_is_refused_under_ci(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ci) -> None:
+    path = tmp_path / "x.golden"
+    path.write_text("old\n")
+    monkeypatch.setenv(kube_checks.UPDATE_GOLDEN_ENV, "1")
+    if ci is None:  # the control: outside CI the file is rewritten, so the comparison passes
+        monkeypatch.delenv("CI", raising=False)
+        assert kube_checks.golden_text(path, "new\n") == "new\n"
+        return
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(pytest.fail.Exception) as failed:
+        kube_checks.golden_text(path, "new\n")
+    assert str(failed.value) == (
+        "DDP_UPDATE_GOLDEN=1 under CI=true would write x.golden from the output it checks: unset DDP_UPDATE_GOLDEN "
+        "in CI (update golden files locally, then review the diff)"
+    )
+    assert path.read_text() == "old\n"  # nothing written
 
 
 KINDS = {
