@@ -97,7 +97,8 @@ def test_a_rank_that_fails_the_same_way_twice_is_not_restarted_again_and_the_lin
     assert len(errors) == 1 and errors[0].startswith(said), explain(proc)
     assert "Traceback" not in proc.stdout + proc.stderr and "frame #" not in proc.stdout, explain(proc)
     down = cluster.make("cluster-down", timeout=180)  # it says what it removed
-    removed = f"cluster: {cluster.project}: removed 3 containers ({cluster.project}-head-1, {cluster.project}-rendezvous-1, "
+    project = cluster.project
+    removed = f"cluster: {project}: removed 3 containers ({project}-head-1, {project}-rendezvous-1, {project}-worker-1)"
     assert down.returncode == 0 and removed in down.stdout, explain(down)  # the two nodes and the store
 
 
