@@ -22,6 +22,8 @@ runs them: a new process per rank.
 import argparse
 import multiprocessing
 import multiprocessing.forkserver
+import signal
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -128,6 +130,10 @@ def launch(run: Launch) -> dict:
     return api.elastic_launch(run.config, run.entrypoint)(*run.args)
 
 
+SETTLE_S = 1.0
+"""Seconds the agent waits after a rank's failure before it takes the attempt's failures (every rank's that ended)."""
+
+
 def event_agent() -> type:
     """torch's LocalElasticAgent, which also writes each failed attempt's facts to the job's events file
     (``app.events``) and stops restarting a failure that no restart can cure.
@@ -136,8 +142,9 @@ def event_agent() -> type:
     ``failures`` are torchelastic's ``ProcessFailure`` (exit status or signal, and the rank's error file). Each
     one becomes a WORKER_FAILED record. Restarts stop (no attempt is left, so torch's agent ends the job with
     its ChildFailedError, and a GAVE_UP record says why) when a rank ended with status 2 (bad input, the same at
-    every attempt) or when the attempt failed exactly as the one before: the same ranks with the same exit
-    statuses and the same errors (a signal among them: not the script's doing, restarted).
+    every attempt) or when a rank failed exactly as in the attempt before: the same exit status and the same error
+    (its peers' errors, which name ports and steps, may differ; a SIGKILL in either attempt, the engine's or the
+    OOM killer's: not the script's doing, restarted).
     """
     from torch.distributed.elastic.agent.server.api import WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
@@ -150,7 +157,11 @@ def event_agent() -> type:
 
         def _monitor_workers(self, worker_group):  # (torch's signature)
             result = super()._monitor_workers(worker_group)
-            if result.state == WorkerState.FAILED:
+            if result.state == WorkerState.FAILED:  # the first rank's exit: let the others' failures land too
+                time.sleep(SETTLE_S)  # (a rank that raised often exits just after the peers it cut off)
+                later = super()._monitor_workers(worker_group)
+                if later.state == WorkerState.FAILED:
+                    result.failures = {**later.failures, **result.failures}
                 self._failed(result.failures, worker_group.spec.max_restarts - self._remaining_restarts)
             return result
 
@@ -162,11 +173,11 @@ def event_agent() -> type:
                              message=message, attempt=attempt)  # fmt: skip
                 seen.add((rank, failure.exitcode, message))
             bad = next(((r, m) for r, code, m in sorted(seen) if code == 2), None)
-            signalled = any(code < 0 for _, code, _ in seen)
-            same = seen == self._before and all(message for _, _, message in seen)
+            signalled = any(code == -signal.SIGKILL for _, code, _ in seen)  # SIGTERM: the agent's own stop
+            again = {(r, code, m) for r, code, m in seen & (self._before or frozenset()) if m}
             self._before = None if signalled else frozenset(seen)
-            if bad or (same and not signalled):
-                rank, message = bad or min((r, m) for r, _, m in seen)
+            if bad or (again and not signalled):
+                rank, message = bad or min((r, m) for r, _, m in again)
                 reason = events.BAD_INPUT if bad else events.REPEATED
                 events.write(events.GAVE_UP, rank, reason=reason, message=message, attempts=attempt + 1)
                 self._remaining_restarts = 0  # torch's agent ends the job: this attempt was the last

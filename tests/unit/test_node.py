@@ -131,6 +131,14 @@ def _agent_after(*attempts: list[tuple[int, int, str]], path: Path) -> object:
     ("attempts", "gave_up"),
     [
         ([[(1, 1, "RuntimeError: boom")], [(1, 1, "RuntimeError: boom")]], (1, events.REPEATED, 2)),
+        (  # its peers lost it: their errors name other ports each time, the cause is the same
+            [
+                [(0, 1, "closed by peer [10.0.0.4]:47341"), (1, 1, "boom")],
+                [(0, 1, "closed by peer [10.0.0.4]:51234"), (1, 1, "boom")],
+            ],
+            (1, events.REPEATED, 2),
+        ),
+        ([[(0, -15, "a"), (1, 1, "boom")], [(0, -15, "b"), (1, 1, "boom")]], (1, events.REPEATED, 2)),  # agent's stop
         ([[(1, 1, "RuntimeError: boom at step 3")], [(1, 1, "RuntimeError: boom at step 7")]], None),  # another
         ([[(1, 1, "RuntimeError: boom")], [(1, 1, "RuntimeError: boom"), (3, -9, "")]], None),  # a rank killed too
         ([[(3, -9, ""), (1, 1, "x")], [(1, 1, "x")]], None),  # after a kill: not the script's doing
