@@ -157,21 +157,29 @@ def event_agent() -> type:
 
         def _monitor_workers(self, worker_group):  # (torch's signature)
             result = super()._monitor_workers(worker_group)
-            if result.state == WorkerState.FAILED:  # the first rank's exit: let the others' failures land too
-                time.sleep(SETTLE_S)  # (a rank that raised often exits just after the peers it cut off)
-                later = super()._monitor_workers(worker_group)
+            if result.state == WorkerState.FAILED:  # the first rank's exit, written at once (the runner names
+                attempt = worker_group.spec.max_restarts - self._remaining_restarts  # the first one it reads)
+                self._write(result.failures, attempt)
+                time.sleep(SETTLE_S)  # let the others' failures land too: a rank that raised often exits just
+                later = super()._monitor_workers(worker_group)  # after the peers it cut off
                 if later.state == WorkerState.FAILED:
+                    self._write({r: f for r, f in later.failures.items() if r not in result.failures}, attempt)
                     result.failures = {**later.failures, **result.failures}
-                self._failed(result.failures, worker_group.spec.max_restarts - self._remaining_restarts)
+                self._judge(result.failures, attempt)
             return result
 
-        def _failed(self, failures: dict, attempt: int) -> None:
-            seen = set()
+        def _write(self, failures: dict, attempt: int) -> None:
             for rank, failure in sorted(failures.items()):
-                message = error_of(failure)
                 events.write(events.WORKER_FAILED, rank, local_rank=failure.local_rank, exitcode=failure.exitcode,
-                             message=message, attempt=attempt)  # fmt: skip
-                seen.add((rank, failure.exitcode, message))
+                             message=error_of(failure), attempt=attempt)  # fmt: skip
+
+        def _failed(self, failures: dict, attempt: int) -> None:
+            """An attempt's failures, as its monitor reports them: written, then judged."""
+            self._write(failures, attempt)
+            self._judge(failures, attempt)
+
+        def _judge(self, failures: dict, attempt: int) -> None:
+            seen = {(rank, failure.exitcode, error_of(failure)) for rank, failure in failures.items()}
             bad = next(((r, m) for r, code, m in sorted(seen) if code == 2), None)
             signalled = any(code == -signal.SIGKILL for _, code, _ in seen)  # SIGTERM: the agent's own stop
             again = {(r, code, m) for r, code, m in seen & (self._before or frozenset()) if m}

@@ -81,6 +81,8 @@ def test_worker_failure_fails_cluster_up(cluster):
     proc = cluster.make("cluster-up", script, "NPROC_PER_NODE=1", "CLUSTER_TIMEOUT=240", timeout=400)
     assert proc.returncode != 0, explain(proc)
     assert "ran past CLUSTER_TIMEOUT" not in proc.stderr, "the failure was only caught by the timeout"
+    said = f"the job did not resume: rank 1 (local rank 0 on {cluster.project}-worker-1) ended with exit 3"
+    assert said in proc.stderr, explain(proc)  # the rank that failed first, not the head's that lost it
 
 
 def test_a_rank_that_fails_the_same_way_twice_is_not_restarted_again_and_the_line_says_so(cluster):
