@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.topology.spec import Job
+from app import contract
 from tests.rigs.nodes import nodes
 
 ANSIBLE_DIR = nodes.REPO / "ansible"
-WORKLOAD_IMAGE = Job.image
+WORKLOAD_IMAGE = contract.image(0)  # the cpu image, which the node containers run
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -284,7 +284,9 @@ def test_a_failure_that_repeats_stops_the_restarts_after_the_second_attempt_and_
     done = run_node(tmp_path, words, env=env)
     assert done.returncode == 1, done.stderr[-3000:]
     records, _ = events.read(events_file)
-    failed = [r for r in records if r["kind"] == events.WORKER_FAILED]
+    failed = [
+        r for r in records if r["kind"] == events.WORKER_FAILED and r["exitcode"] != -15
+    ]  # (-15: the agent stopped it)
     assert [(r["rank"], r["exitcode"], r["attempt"]) for r in failed] == [(1, 1, 0), (1, 1, 1)], records
     assert all(r["message"] == "RuntimeError: boom on rank 1" for r in failed), failed
     [gave_up] = [r for r in records if r["kind"] == events.GAVE_UP]

@@ -2,6 +2,7 @@
 recipe fails and names the recipe's status (``make: *** [...] Error 137``); the command a target runs
 (``python -m app cluster up``) is the one that exits with the job's status."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -43,6 +44,7 @@ def test_make_exits_2_and_names_the_status_of_the_command_it_ran(tmp_path) -> No
     """The fact the pages state, on this machine's make, with the Makefile's own shell settings."""
     shell = next(line for line in (ROOT / "Makefile").read_text().splitlines() if line.startswith("SHELL ="))
     (tmp_path / "Makefile").write_text(f"{shell}\n.SHELLFLAGS = -ec\njob:\n\t@exit 137\n")
-    done = subprocess.run(["make", "-C", str(tmp_path), "job"], capture_output=True, text=True, timeout=60)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}  # (as a user runs it)
+    done = subprocess.run(["make", "-C", str(tmp_path), "job"], capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 2, done
     assert re.search(r"make: \*\*\* \[.*job\] Error 137", done.stderr), done.stderr

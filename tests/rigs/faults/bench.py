@@ -31,7 +31,7 @@ import time
 import uuid
 from pathlib import Path
 
-from app.topology.spec import Job
+from app import contract
 from tests.rigs.faults.drive import OUT, FaultRun, explain
 
 FIRST_STEPS = f"{OUT}/first-steps.jsonl"
@@ -131,7 +131,7 @@ UNDISTURBED, FAULTED = "undisturbed", "one fault per minute"
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.rigs.faults.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--image", default=Job.image, help="workload image (default: %(default)s)")
+    parser.add_argument("--image", default=contract.image(0), help="workload image (default: %(default)s)")
     parser.add_argument("--epochs", type=int, default=600, help="epochs of digits (2-3 minutes undisturbed)")
     parser.add_argument("--fault-every", type=float, default=60.0, metavar="S", help="seconds between faults")
     parser.add_argument("--pairs", type=int, default=1, help="undisturbed and faulted runs, alternately, N of each")
