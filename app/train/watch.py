@@ -276,11 +276,9 @@ class Watch:
         failed = f"the {what} of step {step} failed ({first_line(error, 160)})"
         answered = self._roll_call(completed, LOST_PEER_GRACE_S if lost_peer(error) else REPORT_GRACE_S)
         self.peers_lost = answered is None or len(answered) < self.world
-        if answered is None:
+        if answered is None:  # no roll call could be held: who stopped cannot be told from here (rank 0 may be fine)
             nor = "" if self.ctx.proc.survivors_store is None else ", nor the survivors' store"
-            return (
-                f"rank 0 on {self.hosts[0]} stopped answering: {failed}, and rank 0's store does not answer either{nor}"
-            )
+            return f"{failed}; no store answers (rank 0's on {self.hosts[0]}{nor}): which ranks stopped cannot be told"
         silent = [r for r in range(self.world) if r not in answered]
         stopped = [r for r in answered if self.answers[r].get("stopped")]
         if not silent and stopped:

@@ -83,3 +83,28 @@ def test_an_undisturbed_run_names_no_straggler():
 
 def test_a_rank_that_sleeps_every_step_is_named_once_at_its_fifth_exchange():
     assert named_on("rank-2-sleeps-100-ms.jsonl") == [(10, 2)]
+
+
+@pytest.mark.parametrize(
+    ("answered", "said"),
+    [
+        (None, "no store answers (rank 0's on head, nor the survivors' store): which ranks stopped cannot be told"),
+        ({1}, "rank 0 on head stopped answering: the gradient all-reduce of step 7 failed"),  # the control
+    ],
+)
+def test_a_roll_call_that_no_store_holds_blames_no_rank(monkeypatch, answered, said):
+    """The rendezvous store killed (issue 25): no roll call can be held, so no rank is named as stopped (rank 0
+    never left); when one is held, the silent rank is named."""
+    from types import SimpleNamespace
+
+    from app.train.watch import Watch
+
+    watch = object.__new__(Watch)
+    watch.doing, watch.world, watch.hosts, watch.exchanged_at, watch._where = ("gradient all-reduce", 7), 2, [
+        "head", "worker"], 6, ""  # fmt: skip
+    watch.ctx = SimpleNamespace(proc=SimpleNamespace(survivors_store=("rdzv", 29500)))
+    watch.answers = {1: {"host": "worker", "stopped": False}}
+    monkeypatch.setattr(Watch, "_roll_call", lambda self, completed, grace: answered)
+    line = watch.explain(RuntimeError("Connection closed by peer"), 6)
+    assert said in line, line
+    assert ("stopped answering" in line) == (answered is not None), line
