@@ -53,11 +53,19 @@ def test_check_and_training_on_2x2_then_nothing_left(cluster):
 
 
 def test_user_script_runs_unchanged_and_each_run_shows_only_its_own_output(cluster):
-    for _ in range(2):  # the second run starts the same containers again: their earlier output stays in docker logs
+    """The second run starts the same containers again (their earlier output stays in docker logs); a CPU limit
+    set on one of them in between survives into it, and the runner says so (issue 25: it slowed jobs silently)."""
+    worker = f"{cluster.project}-worker-1"
+    for run_index in range(2):
         proc = cluster.make("cluster-up", "SCRIPT=examples/minimal_ddp.py", "ARGS=--steps 5", "NPROC_PER_NODE=1")
         assert proc.returncode == 0, explain(proc)
         # Only the head container (global rank 0) is streamed, and only this run's output.
         assert proc.stdout.count(f"minimal_ddp rank 0/2 on {cluster.project}-head-1") == 1, explain(proc)
+        limited = f"cluster: {worker} runs under a limit: 1.5 CPUs; it slows the job"
+        assert (limited in proc.stdout) == (run_index == 1), explain(proc)
+        if run_index == 0:
+            done = run(["docker", "update", "--cpus", "1.5", worker], 60)
+            assert done.returncode == 0, explain(done)
 
 
 def test_failing_job_fails_cluster_up(cluster):
