@@ -145,6 +145,8 @@ def test_a_killed_head_is_started_again_and_the_job_ends_as_if_nothing_happened(
     head = fault_run.container("head")
     line = recovers(fault_run, reference, lambda _: fault_run.docker("kill", head))
     assert line.startswith(f"cluster: restart 1: {head} (ranks 0-1) stopped with signal 9 (SIGKILL); "), line
+    [resumed] = [r for r in fault_run.metrics() if r.get("event") == "resume"]  # the restarted head's agent counts
+    assert resumed["restart_count"] == 1, resumed  # from 0: the record says what the terminal says (issue 25)
 
 
 def test_the_rendezvous_store_lost_stops_the_job_within_the_bound_with_one_line(fault_run):
