@@ -13,7 +13,7 @@ from app.topology import command as topology
 from app.topology import compose
 from app.topology.spec import ClusterSpec
 
-from .conftest import explain, project_leftovers, run
+from .conftest import ROOT, explain, project_leftovers, run
 
 pytestmark = pytest.mark.docker
 
@@ -66,6 +66,12 @@ def test_user_script_runs_unchanged_and_each_run_shows_only_its_own_output(clust
         if run_index == 0:
             done = run(["docker", "update", "--cpus", "1.5", worker], 60)
             assert done.returncode == 0, explain(done)
+    # The command's log names every node as docker ps does, in plain text (issue 25: `head-1:` beside
+    # `ddp-cluster-worker-1:`, `\x1b[K` codes); other tests' runs may share the file, this run's lines carry its name.
+    mine = [line for line in (ROOT / "logs" / "cluster.log").read_text().splitlines() if cluster.project in line]
+    assert any(line.startswith(f"{cluster.project}-head-1: ") for line in mine), mine[-20:]
+    assert any(line.startswith(f"{worker}: ") for line in mine), mine[-20:]
+    assert not [line for line in mine if "\x1b" in line or len(line.split()) < 2], mine[-20:]  # a bare `node:`
 
 
 def test_failing_job_fails_cluster_up(cluster):
