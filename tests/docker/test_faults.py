@@ -24,7 +24,7 @@ import torch
 from app.topology.compose import STOP_GRACE_S  # the nodes stop within it once the store is gone
 from tests.rigs.faults.drive import COLLECTIVE_TIMEOUT, FINAL_STEP, OUT, FaultRun, explain
 
-from .conftest import project_leftovers, run
+from .conftest import ROOT, project_leftovers, run
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -169,6 +169,9 @@ def test_the_rendezvous_store_lost_stops_the_job_within_the_bound_with_one_line(
     )
     assert len(errors) == 1 and re.fullmatch(rf"{re.escape(lost)} \[exit 137(; log \S+)?\]", errors[0]), explain(done)
     assert "frame #" not in done.stdout + done.stderr and "TCPStore" not in done.stdout, explain(done)  # in the log
+    log = (ROOT / "logs" / "cluster.log").read_text().splitlines()  # every node's lines (other tests' too)
+    blamed = [line for line in log if fault_run.project in line and "stopped answering" in line]
+    assert not blamed, blamed  # issue 25: the worker said rank 0 stopped answering, which never left
     assert stopped_within <= STOP_GRACE_S + 15, f"the nodes ran {stopped_within:.0f}s after the store"
     last = sorted((fault_run.results / "f" / "checkpoints").glob("step-*.pt"))[-1]
     state = torch.load(last, map_location="cpu", weights_only=True)
