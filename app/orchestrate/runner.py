@@ -53,6 +53,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -356,6 +357,19 @@ def _log_line(run: Run, service: str, rest: str) -> str:
     return stamp
 
 
+def _lines(stop: threading.Event, args: list[str], stderr: int, follow: bool) -> Iterator[str]:
+    """The output lines of a ``docker ... logs`` command (``args``); one that follows is ended once ``stop`` is
+    set, so that no reader outlives the job."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    proc = _ends_with(stop, proc) if follow else proc
+    try:
+        assert proc.stdout is not None
+        yield from proc.stdout
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def _follow(run: Run, stop: threading.Event, since: float) -> None:
     """Every node's output, stdout and stderr (tracebacks, torch's C++ lines and their ``frame #`` backtraces,
     torchrun's banners), into the log; nothing of it to the terminal (``_stream``).
@@ -372,18 +386,11 @@ def _follow(run: Run, stop: threading.Event, since: float) -> None:
         follow = not stop.is_set()
         args = run.compose("logs", *(["--follow"] if follow else []), "--no-color", "--timestamps", "--since",
                            after if follow else f"{since:.3f}", *services)  # fmt: skip
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        proc = _ends_with(stop, proc) if follow else proc
-        try:
-            assert proc.stdout is not None
-            for raw in proc.stdout:
-                service, _, rest = raw.rstrip("\n").partition(" | ")
-                if (service.strip(), rest) not in seen:
-                    seen.add((service.strip(), rest))
-                    after = _log_line(run, service.strip(), rest) or after
-        finally:
-            proc.kill()
-            proc.wait()
+        for raw in _lines(stop, args, subprocess.DEVNULL, follow):
+            service, _, rest = raw.rstrip("\n").partition(" | ")
+            if (service.strip(), rest) not in seen:
+                seen.add((service.strip(), rest))
+                after = _log_line(run, service.strip(), rest) or after
         if not follow:
             return
         stop.wait(1)
@@ -402,17 +409,10 @@ def _stream(run: Run, stop: threading.Event, since: float) -> None:
         args = ["docker", "logs", *(["--follow"] if follow else []), "--timestamps", "--since", f"{since:.3f}",
                 container]  # fmt: skip
         errors = subprocess.STDOUT if run.verbose else subprocess.DEVNULL
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=errors, text=True)
-        proc = _ends_with(stop, proc) if follow else proc
-        try:
-            assert proc.stdout is not None
-            for raw in proc.stdout:
-                if (container, raw) not in seen:
-                    seen.add((container, raw))
-                    print(raw.rstrip("\n").partition(" ")[2], flush=True)
-        finally:
-            proc.kill()
-            proc.wait()
+        for raw in _lines(stop, args, errors, follow):
+            if (container, raw) not in seen:
+                seen.add((container, raw))
+                print(raw.rstrip("\n").partition(" ")[2], flush=True)
         if not follow:
             return
         stop.wait(1)
