@@ -173,11 +173,6 @@ def event_agent() -> type:
                 events.write(events.WORKER_FAILED, rank, local_rank=failure.local_rank, exitcode=failure.exitcode,
                              message=error_of(failure), attempt=attempt)  # fmt: skip
 
-        def _failed(self, failures: dict, attempt: int) -> None:
-            """An attempt's failures, as its monitor reports them: written, then judged."""
-            self._write(failures, attempt)
-            self._judge(failures, attempt)
-
         def _judge(self, failures: dict, attempt: int) -> None:
             seen = {(rank, failure.exitcode, error_of(failure)) for rank, failure in failures.items()}
             bad = next(((r, m) for r, code, m in sorted(seen) if code == 2), None)

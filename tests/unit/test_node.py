@@ -123,7 +123,8 @@ def _agent_after(*attempts: list[tuple[int, int, str]], path: Path) -> object:
             if message:
                 error_file.write_text(json.dumps({"message": {"message": message, "extraInfo": {"timestamp": "1"}}}))
             found[rank] = ProcessFailure(local_rank=rank % 2, pid=1, exitcode=code, error_file=str(error_file))
-        watcher._failed(found, attempt)
+        watcher._write(found, attempt)  # as _monitor_workers does: written, then judged
+        watcher._judge(found, attempt)
     return watcher
 
 
