@@ -23,6 +23,10 @@ from pathlib import Path
 WORKER_FAILED = "worker_failed"
 """A node's agent saw a rank's process end: ``local_rank``, ``exitcode`` (negative: the signal), ``message``
 (the rank's error as torchelastic's error file holds it; "" when it wrote none), ``attempt`` (0: the first)."""
+RANK_ENDED = "rank_ended"
+"""A rank's job ended with a failure, as the rank saw it before its process exited: ``exitcode``. Its ``time`` orders
+the ranks' ends, which their agents, each seeing its own ranks at its own next look, cannot: the rank that failed
+first is the cause, its peers' failures (their connection lost) came after it."""
 GAVE_UP = "gave_up"
 """A node's agent restarts its ranks no more: ``reason`` (BAD_INPUT or REPEATED), ``message`` (the failure),
 ``attempts`` (the attempts made)."""

@@ -243,9 +243,8 @@ class RunLog:
                 self._file.write(text + "\n")
         print(text, file=sys.stderr, flush=True)
         self._tell_torchrun(text)
-        rank = int(self.who.rank) if (self.who.rank or "").isdigit() else None
         reason = getattr(error, "reason", "")
-        events.write(events.ERROR, rank, line=text, cause=message, status=status, reason=reason)
+        events.write(events.ERROR, self.who.number, line=text, cause=message, status=status, reason=reason)
         return status
 
     def _tell_torchrun(self, text: str) -> None:

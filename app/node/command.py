@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from app import cli, flags
+from app import cli, events, flags
 from app.diagnostics.gate_config import GateConfig
 from app.errors import ClusterError, Stopped, UsageError, first_line
 from app.node import agent
@@ -142,6 +142,8 @@ def rank_main(job: agent.Job) -> None:
     sys.stdout, sys.stderr = whole_lines(sys.stdout), whole_lines(sys.stderr)
     try:
         status = run_job(job)
+        if status:  # before this process exits and its peers lose it
+            events.write(events.RANK_ENDED, launcher.identity().number, exitcode=status)
     finally:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):  # a line left without its newline

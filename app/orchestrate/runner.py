@@ -86,16 +86,28 @@ def describe_status(code: int) -> str:
 
 @dataclass
 class Incident:
-    """The failures seen since the job last ran; its cause is the first one of the most telling kind."""
+    """The failures seen since the job last ran; its cause is the first one of the most telling kind: the earliest
+    in time (a rank's own end, when it told it: ``events.RANK_ENDED``), else the first one read."""
 
-    causes: list[tuple[int, str]] = field(default_factory=list)
+    causes: list[tuple[int, float, str, int | None]] = field(default_factory=list)
+    """(kind, when it happened, its line, the rank it names or None)."""
 
-    def add(self, kind: int, text: str) -> None:
-        self.causes.append((kind, text))
+    def add(self, kind: int, text: str, at: float, rank: int | None = None) -> None:
+        self.causes.append((kind, at, text, rank))
+
+    def _first(self) -> tuple[int, float, str, int | None] | None:
+        return min(self.causes, key=lambda c: c[:2]) if self.causes else None
 
     @property
     def cause(self) -> str:
-        return min(self.causes, key=lambda c: c[0])[1] if self.causes else "a rank failed"
+        first = self._first()
+        return first[2] if first else "a rank failed"
+
+    @property
+    def rank(self) -> int | None:
+        """The rank the cause names (None: a container, or no rank's)."""
+        first = self._first()
+        return first[3] if first else None
 
 
 BAD_INPUT = "bad input fails the same way on every attempt"
@@ -135,6 +147,9 @@ class Run:
     raised: dict[int, str] = field(default_factory=dict)
     """Global rank -> ``rank R on NODE: ERROR``: the error it failed with in this incident (torchelastic's error
     file, as its agent read it)."""
+    rank_ended: dict[int, float] = field(default_factory=dict)
+    """Global rank -> when it last said its job ended with a failure (``events.RANK_ENDED``), not yet matched by
+    its agent's record."""
     causes: dict[int | None, str] = field(default_factory=dict)
     """Global rank (None: a node's own command) -> the cause of its last one-line error."""
     gone: set[str] = field(default_factory=set)
@@ -198,11 +213,12 @@ class Run:
 
     # --- failures and restarts ------------------------------------------------------------------
 
-    def failure(self, kind: int, text: str) -> None:
-        """A failure seen: part of the incident that the next resume (or the end) reports."""
+    def failure(self, kind: int, text: str, at: float | None = None, rank: int | None = None) -> None:
+        """A failure seen (at ``at``: now when not told): part of the incident that the next resume (or the end)
+        reports."""
         with self.lock:
             self.incident = self.incident or Incident()
-            self.incident.add(kind, text)
+            self.incident.add(kind, text, time.time() if at is None else at, rank)
         self.log(f"cluster: failure: {text}")
 
     def on_event(self, record: dict) -> None:
@@ -210,7 +226,10 @@ class Run:
         node's agent restarts no more. The runner knows what happened from these facts alone."""
         kind = record.get("kind")
         node = self.container_of(str(record.get("node") or "?"))
-        if kind == events.WORKER_FAILED:
+        if kind == events.RANK_ENDED and record.get("rank") is not None:
+            with self.lock:
+                self.rank_ended[int(record["rank"])] = float(record["time"])
+        elif kind == events.WORKER_FAILED:
             self.worker_failed(node, record)
         elif kind == events.ERROR:
             self.app_error(record)
@@ -226,7 +245,10 @@ class Run:
         code, rank = int(record["exitcode"]), record.get("rank")
         kind = KILLED if code < 0 and code != -signal.SIGTERM else EXITED  # the agent stops the others with TERM
         where = f"local rank {record.get('local_rank')} on {node}"
-        self.failure(kind, f"rank {rank} ({where}) ended with {describe_status(code)}")
+        with self.lock:  # when the rank ended, as it told it; else when its agent saw it
+            at = self.rank_ended.pop(int(rank), None) if rank is not None else None
+        text = f"rank {rank} ({where}) ended with {describe_status(code)}"
+        self.failure(kind, text, at or float(record.get("time") or time.time()), rank)
         if record.get("message") and rank is not None:
             with self.lock:
                 self.raised[int(rank)] = f"rank {rank} on {node}: {record['message']}"
@@ -279,6 +301,7 @@ class Run:
         with self.lock:
             incident, self.incident, self.errors = self.incident, None, []
             self.raised.clear()
+            self.rank_ended.clear()
         if incident is None:  # a run that continues an earlier job
             self.say(f"cluster: {resumed.line().removeprefix('train: ')}")
             return
@@ -683,8 +706,10 @@ def _failure(run: Run, status: int) -> str:
             f"{ended_by} ended with {describe_status(status)}: the job cannot go on without it; the other nodes were "
             "stopped; run the job again to resume from its last checkpoint"
         )
-    if run.raised and not run.errors:  # a rank's exception (a script's), which no line of the app's told
-        return run.raised[min(run.raised)]
+    if run.raised and not run.errors:  # a rank's exception (a script's), which no line of the app's told: the
+        first = run.incident.rank if run.incident else None  # cause's, not a peer's that lost it after
+        if first is None or first in run.raised:
+            return run.raised.get(first) or run.raised[min(run.raised)]
     which = f"{ended_by} (rank 0's node)" if ended_by == run.main_container else ended_by
     return f"the job failed: {which} ended with {describe_status(status)}; see above"
 

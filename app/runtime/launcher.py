@@ -150,6 +150,11 @@ class Identity:
     error_file: str | None = None
     """Where torchrun's agent reads this worker's error for its report (TORCHELASTIC_ERROR_FILE)."""
 
+    @property
+    def number(self) -> int | None:
+        """The rank as a number; None without a launcher or when its variable is not one."""
+        return int(self.rank) if (self.rank or "").isdigit() else None
+
 
 def identity(env: Mapping[str, str] | None = None) -> Identity:
     """This process's rank (unvalidated) and host, for naming its log file and its error line."""

@@ -289,6 +289,9 @@ def test_a_failure_that_repeats_stops_the_restarts_after_the_second_attempt_and_
     ]  # (-15: the agent stopped it)
     assert [(r["rank"], r["exitcode"], r["attempt"]) for r in failed] == [(1, 1, 0), (1, 1, 1)], records
     assert all(r["message"] == "RuntimeError: boom on rank 1" for r in failed), failed
+    ended = [r for r in records if r["kind"] == events.RANK_ENDED]  # the rank's own end, before its agent saw it
+    assert [(r["rank"], r["exitcode"]) for r in ended] == [(1, 1), (1, 1)], records
+    assert all(e["time"] <= f["time"] for e, f in zip(ended, failed, strict=True)), records
     [gave_up] = [r for r in records if r["kind"] == events.GAVE_UP]
     assert (gave_up["rank"], gave_up["reason"], gave_up["attempts"]) == (1, events.REPEATED, 2), gave_up
     assert [r["rank"] for r in reports(done)] == [0, 0], done.stdout  # rank 0 ran to its end twice, not 4 times

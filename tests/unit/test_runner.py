@@ -162,6 +162,34 @@ def test_the_final_line_names_the_rank_and_node_that_raised(run):
     assert runner._failure(run, 1) == "rank 1 on demo-head-1: RuntimeError: boom"
 
 
+def ended(node: str, rank: int, code: int, at: float) -> tuple:
+    return (node, rank, events.RANK_ENDED, {"exitcode": code, "time": at})
+
+
+def test_the_cause_is_the_rank_that_ended_first_not_the_first_agent_to_see_its_own(run, capsys):
+    """Rank 1 exits with 3; rank 0 loses it and raises. The head's agent looked first and wrote first; the ranks'
+    own ends say rank 1 ended first: the line names it, and the final line is not rank 0's lost connection."""
+    happen(
+        run,
+        ended("demo-worker-1", 1, 3, 1_800_000_000.0),
+        ended("demo-head-1", 0, 1, 1_800_000_000.004),  # 4 ms later: its peer's connection closed
+        failed("demo-head-1", 0, 0, 1, "RuntimeError: Connection closed by peer"),
+        failed("demo-worker-1", 1, 0, 3),
+    )
+    run.unresolved()
+    assert capsys.readouterr().err.splitlines() == [
+        "cluster: the job did not resume: rank 1 (local rank 0 on demo-worker-1) ended with exit 3"
+    ]
+    assert runner._failure(run, 1) == "the job failed: demo-head-1 (rank 0's node) ended with exit 1; see above"
+
+
+def test_without_the_ranks_own_ends_the_first_record_read_is_the_cause(run, capsys):
+    """torchrun's own launch (--no-fork, a program): no rank tells its end; the agents' records, in their order."""
+    happen(run, failed("demo-head-1", 0, 0, 1, "RuntimeError: boom"), failed("demo-worker-1", 1, 0, 3))
+    assert run.incident.cause == "rank 0 (local rank 0 on demo-head-1) ended with exit 1"
+    assert runner._failure(run, 1) == "rank 0 on demo-head-1: RuntimeError: boom"
+
+
 def test_a_failure_that_repeats_ends_the_job_with_a_line_that_says_so(run, capsys):
     happen(run, failed("demo-head-1", 1, 1, 1, "RuntimeError: boom"))
     assert run.gave_up is None  # once may be chance
