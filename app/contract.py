@@ -30,6 +30,8 @@ RESULTS_DIR = "/results"
 EVENTS_DIR = "/events"
 """In the image: the folder of the job's events file (app/events.py), a host folder that the runner reads."""
 
+PATHS = {"job": JOB_DIR, "cluster": CLUSTER_DIR, "results": RESULTS_DIR, "events": EVENTS_DIR}
+"""The in-image paths by name, as ``app topology --format json`` gives them to engines outside Python (Ansible)."""
 APP_UID = 1000
 """In the image: the user ``app`` (docker/Dockerfile, ARG APP_UID) and its group, that every process runs as."""
 APP_HOME = "/home/app"

@@ -529,6 +529,8 @@ POLICY_S = 2.0
 
 RESULTS_DIR = Path("build/results")
 """Where a job's results are copied by default (make's RESULTS asks for this, not restating it)."""
+STATE_DIR = Path("build/cluster")
+"""Where each job's rendered files, events and log go by default: STATE_DIR/NAME."""
 
 
 @dataclass(frozen=True)
@@ -539,7 +541,7 @@ class ClusterFlags:
     """Run a job, show every node's output, remove."""
     results: Path = field(default=RESULTS_DIR, metadata=flag(metavar="DIR"))
     """Results go here."""
-    state_dir: Path = field(default=Path("build/cluster"), metadata=flag(metavar="DIR"))
+    state_dir: Path = field(default=STATE_DIR, metadata=flag(metavar="DIR"))
     """Rendered files, logs."""
     image_name: str | None = field(default=None, metadata=flag(metavar="NAME"))
     """Without --image: the image is NAME:cpu, or NAME:cuda with --gpus-per-node > 0 (default: IMAGE_NAME of

@@ -54,7 +54,7 @@ def _named_hosts(req: Request) -> tuple[Host, ...]:
     return req.spec.nodes.hosts
 
 
-DERIVED = ("world_size", "job_argv", "python_argv", "master", "env")
+DERIVED = ("world_size", "job_argv", "python_argv", "master", "env", "paths")
 """What --format json adds to the spec's sections (--spec-json takes its output back and skips them)."""
 
 
@@ -65,6 +65,7 @@ def _json(req: Request) -> str:
         "world_size": s.world_size,
         "job_argv": render.job_argv(s),
         "python_argv": render.python_argv(s),
+        "paths": contract.PATHS,
     }
     if s.nodes.hosts:
         data |= {"master": s.master(s.nodes.hosts), "env": render.env_vars(s, s.nodes.hosts)}

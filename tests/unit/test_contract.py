@@ -9,6 +9,7 @@ contract changed here changes their output). No containers run.
 
 import argparse
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -199,6 +200,21 @@ def test_the_files_that_cannot_import_the_contract_carry_its_paths() -> None:
     defaults = set(re.findall(r"\$\{CLUSTER_DIR:-([^}]*)\}", scripts))
     defaults |= set(re.findall(r'CLUSTER_ENV = Path\("(/[^/"]+)/', scripts))
     assert defaults == {contract.CLUSTER_DIR}
+
+
+def test_ansible_mounts_the_contracts_paths_as_the_apps_json_gives_them(capsys) -> None:
+    """The roles' tasks and variables name no in-image path of their own (their comments may): the mounts come from
+    ``app topology --format json``'s paths, which are the contract's."""
+    assert cli.main(["topology", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["paths"] == contract.PATHS
+    code = {}
+    for path in sorted((ROOT / "ansible" / "roles").rglob("*.yml")):
+        lines = [line.split(" #")[0] for line in path.read_text().splitlines() if not line.lstrip().startswith("#")]
+        hits = [line.strip() for line in lines if re.search(r"(?<![\w.{}-])/(job|cluster|results|events)\b", line)]
+        code |= {str(path.relative_to(ROOT)): hits} if hits else {}
+    assert code == {}
+    job = (ROOT / "ansible" / "roles" / "launch" / "tasks" / "job.yml").read_text()
+    assert "{{ launch_spec.paths.results }}" in job and "{{ cluster_dir }}:{{ cluster_mount }}:ro" in job
 
 
 def test_make_leaves_the_flavour_to_the_app_and_builds_through_it() -> None:

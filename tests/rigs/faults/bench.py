@@ -11,7 +11,9 @@ container) and the worker container killed (docker kill). The job checkpoints on
 time basis (``--checkpoint-every-seconds``, its default; no epoch checkpoints), so the steps lost
 show what that default bounds. For each fault: the time from the fault to the first optimizer step
 the resumed job completes (the fault job's ``--first-steps`` record; container and host share a
-clock), the steps lost (the resume record in metrics.jsonl) and the checkpoint interval in steps.
+clock), the steps lost (the resume record in metrics.jsonl) and the checkpoint interval in steps;
+for each run, the rank ends its node agents saw and the resumptions (the job's events file, app/events.py:
+facts, not the runner's lines).
 Then the effective training time ratio: the undisturbed run's training time over the disturbed
 run's (first start to end in metrics.jsonl), and the same within the disturbed run alone: its
 training time less its recoveries, over its training time. Figures depend on the machine's load:
@@ -20,6 +22,7 @@ cost; ``--pairs N`` alternates N undisturbed and N disturbed runs and adds the r
 """
 
 import argparse
+import collections
 import json
 import os
 import statistics
@@ -31,7 +34,8 @@ import time
 import uuid
 from pathlib import Path
 
-from app import contract
+from app import contract, events
+from app.orchestrate import runner
 from tests.rigs.faults.drive import OUT, FaultRun, explain
 
 FIRST_STEPS = f"{OUT}/first-steps.jsonl"
@@ -168,11 +172,17 @@ def measure(name: str, every: float, args: argparse.Namespace, tmp: Path) -> dic
             print(f"error: the {name} run failed\n{explain(done)}", file=sys.stderr)
             return None
         metrics, first_steps = _records(job)
+        facts = job.events()
         return {
             "training_s": round(training_seconds(metrics), 1),
             "steps": next(m["step"] for m in reversed(metrics) if m["event"] == "end"),
             "faults": recoveries(faults, metrics, first_steps),
-            "restart_lines": [line for line in done.stdout.splitlines() if line.startswith("cluster: restart")],
+            "failures": [  # each rank's end, as its node's agent saw it (exit status; negative: the signal)
+                {k: r.get(k) for k in ("time", "node", "rank", "exitcode", "attempt")}
+                for r in facts
+                if r["kind"] == events.WORKER_FAILED
+            ],
+            "resumptions": sum(r["kind"] == events.RESUMED for r in facts),
             "resizes": [(m["from"], m["to"], m["step"]) for m in metrics if m["event"] == "resize"],
         }
     finally:
@@ -195,6 +205,10 @@ def format_report(r: dict) -> str:
                 f"  {f['kind']:<26} recovery {f['recovery_s']} s  steps lost {f['steps_lost']} "
                 f"(resumed from {f['resumed_from']}; checkpoint interval {f['checkpoint_interval_steps']} steps)"
             )
+        if "failures" in hit:
+            codes = collections.Counter(runner.describe_status(f["exitcode"]) for f in hit["failures"])
+            seen = ", ".join(f"{n} x {status}" for status, n in codes.most_common()) or "none"
+            lines.append(f"  rank ends its agents saw: {seen}; resumed {hit['resumptions']} time(s)")
         if hit.get("resizes"):
             lines.append(f"  resizes (ranks from, to, at step): {hit['resizes']}")
         lines.append(

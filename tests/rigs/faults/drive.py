@@ -18,6 +18,10 @@ from pathlib import Path
 
 import torch
 
+from app import events
+from app.orchestrate import runner
+from app.topology import compose
+
 ROOT = Path(__file__).resolve().parents[3]
 JOB = "tests/rigs/faults/fault_job.py"
 OUT = "/results/f"
@@ -84,6 +88,10 @@ class FaultRun:
 
     def metrics(self) -> list[dict]:
         return [json.loads(line) for line in (self.results / "f" / "metrics.jsonl").read_text().splitlines()]
+
+    def events(self) -> list[dict]:
+        """The job's events (app/events.py: what its agents, ranks and gates wrote), until ``cluster down``."""
+        return events.read(compose.events_file(ROOT / runner.STATE_DIR / self.project))[0]
 
 
 def explain(done: subprocess.CompletedProcess) -> str:
