@@ -20,12 +20,13 @@ runs them: a new process per rank.
 """
 
 import argparse
+import contextlib
 import multiprocessing
 import multiprocessing.forkserver
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -130,6 +131,9 @@ def launch(run: Launch) -> dict:
     return api.elastic_launch(run.config, run.entrypoint)(*run.args)
 
 
+FIRST_ROUND_SHARE = 0.5
+"""Of the join timeout: how long the job's first rendezvous round waits for all its nodes once --min-nodes have
+joined (later rounds: the rendering's short last call, so that survivors do not idle)."""
 SETTLE_S = 1.0
 """Seconds the agent waits after a rank's failure before it takes the attempt's failures (every rank's that ended)."""
 
@@ -154,6 +158,15 @@ def event_agent() -> type:
     class EventAgent(LocalElasticAgent):
         _before: frozenset | None = None
         """The failure of the attempt before: (rank, exit status, error) of each rank that failed."""
+        _met: bool = False
+        """This agent's first rendezvous round is over."""
+
+        def _rendezvous(self, worker_group):  # (torch's signature)
+            if self._met:
+                return super()._rendezvous(worker_group)
+            with first_round(worker_group.spec.rdzv_handler):
+                super()._rendezvous(worker_group)
+            self._met = True
 
         def _monitor_workers(self, worker_group):  # (torch's signature)
             result = super()._monitor_workers(worker_group)
@@ -186,6 +199,30 @@ def event_agent() -> type:
                 self._remaining_restarts = 0  # torch's agent ends the job: this attempt was the last
 
     return EventAgent
+
+
+@contextlib.contextmanager
+def first_round(handler: Any) -> Iterator[None]:
+    """While entered, an elastic c10d rendezvous (fewer --min-nodes than nodes) waits for all its nodes for
+    ``FIRST_ROUND_SHARE`` of its join timeout once --min-nodes have joined, not the rendering's short last call.
+
+    A job starts with every node that comes up: nodes that start a few seconds apart on a loaded machine all
+    make the first round, and the job's global batch is that of all its nodes (a job that started on fewer
+    could not grow to them at the same global batch). A node that never comes is waited for that long, then the
+    job starts with the others. A node that starts later joins a running job: the others are all there, the
+    round completes at once. torch sets the last call on the handler's settings only; this changes it there.
+    """
+    settings = getattr(handler, "_settings", None)  # torch's DynamicRendezvousHandler (c10d); others: as they are
+    if settings is None or settings.min_nodes == settings.max_nodes:
+        yield
+        return
+    timeout = settings.timeout
+    short = timeout.last_call
+    timeout._set_timeouts(last_call=max(short, timeout.join * FIRST_ROUND_SHARE))
+    try:
+        yield
+    finally:
+        timeout._set_timeouts(last_call=short)
 
 
 def error_of(failure: Any) -> str:

@@ -26,6 +26,7 @@ if __name__ == "__main__":
         raise RuntimeError(f"boom on rank {os.environ['RANK']}")
     report = json.dumps({
         "rank": int(os.environ["RANK"]),
+        "world": int(os.environ["WORLD_SIZE"]),
         "preloaded": preloaded,
         "threads": torch.get_num_threads(),
         "argv": sys.argv,

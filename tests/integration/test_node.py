@@ -203,6 +203,35 @@ def test_the_node_of_rank_0_lost_its_survivors_keep_the_step_in_the_rendezvous_s
     same_final_params(reference, out)
 
 
+def test_an_elastic_job_starts_with_a_node_that_comes_seconds_after_the_first(tmp_path: Path) -> None:
+    """--nnodes 1:2 with a 2 s last call (ddp-cluster's rendering): the second node starts 6 s after the first, as
+    on a loaded machine. The first round waits for it (half the join timeout), so the job starts on both nodes:
+    started on the first alone, it would have ended there before the second came."""
+    env = _clean_env({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "GLOO_SOCKET_IFNAME": "lo"})
+
+    def start(port: int, addr: str, name: str) -> subprocess.Popen:
+        c10d = [
+            "--nnodes=1:2",
+            "--nproc-per-node=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            "--rdzv-id=late",
+            "--rdzv-conf=last_call_timeout=2,join_timeout=60",
+            f"--local-addr={addr}",
+        ]
+        cmd = node_command(tmp_path / name, [*c10d, str(NODE_JOB)])
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    with store_server() as port:
+        first = start(port, this_machines_address(), "first")
+        time.sleep(6)
+        second = start(port, "second.invalid", "second")
+        said = [proc.communicate(timeout=TIMEOUT) for proc in (first, second)]
+    assert (first.returncode, second.returncode) == (0, 0), said
+    ranks = [json.loads(line) for out, _ in said for line in out.splitlines() if line.startswith("{")]
+    assert sorted((r["rank"], r["world"]) for r in ranks) == [(0, 2), (1, 2)], said
+
+
 def test_an_exception_of_a_script_is_reported_as_torchrun_reports_it(tmp_path: Path) -> None:
     done = run_node(tmp_path, [*TWO_RANKS, str(NODE_JOB), "--raise-on-rank", "1"])
     assert done.returncode == 1, done.stderr[-3000:]
