@@ -92,10 +92,15 @@ test-noise: venv engine ## Tests that judge verdicts on real measurement noise (
 	$(PY) -m pytest -m noise $(PYTEST_ARGS)
 
 .PHONY: test
-test: venv host-deps lint ## Lint, then every test but the noise ones: unit, real processes, containers, Ansible (sets up what it needs).
-	@start=$$EPOCHSECONDS; $(MAKE) --no-print-directory engine base; \
-	$(MAKE) --no-print-directory -j3 --output-sync=target $(TEST_PREREQS); \
-	echo "test: engine, base and images ready in $$((EPOCHSECONDS - start)) s"
+# The venv and lint run beside the engine, base and images (which need no venv; one core each); host-deps first:
+# it and the engine may both run apt.
+test: host-deps ## Lint, then every test but the noise ones: unit, real processes, containers, Ansible (sets up what it needs).
+	@mkdir -p build/logs; lintlog=build/logs/test-lint.log; start=$$EPOCHSECONDS; \
+	$(MAKE) --no-print-directory lint >$$lintlog 2>&1 & lint=$$!; \
+	$(MAKE) --no-print-directory engine base && \
+	$(MAKE) --no-print-directory -j3 --output-sync=target $(TEST_PREREQS) || { wait $$lint; exit 1; }; \
+	wait $$lint && cat $$lintlog || { cat $$lintlog; echo "error: make lint failed (log: $$lintlog)" >&2; exit 1; }; \
+	echo "test: venv, lint, engine, base and images ready in $$((EPOCHSECONDS - start)) s"
 	@mkdir -p build/logs; log=build/logs/test-background.log; : >$$log; start=$$EPOCHSECONDS; \
 	$(if $(TEST_BACKGROUND),$(MAKE) --no-print-directory $(TEST_BACKGROUND) >$$log 2>&1 &,true &) background=$$!; \
 	echo "$(PY) -m pytest --durations=40 $(TEST_SELECTION) $(PYTEST_ARGS)  (beside it: make $(TEST_BACKGROUND), log $$log)"; \

@@ -435,7 +435,8 @@ def _stream(run: Run, stop: threading.Event, since: float) -> None:
         for raw in _lines(stop, args, errors, follow):
             if (container, raw) not in seen:
                 seen.add((container, raw))
-                print(raw.rstrip("\n").partition(" ")[2], flush=True)
+                with run.lock:  # print() writes the line and its newline apart: the runner's own lines wait
+                    print(raw.rstrip("\n").partition(" ")[2], flush=True)
         if not follow:
             return
         stop.wait(1)
