@@ -162,9 +162,7 @@ def event_agent() -> type:
         """This agent's first rendezvous round is over."""
 
         def _rendezvous(self, worker_group):  # (torch's signature)
-            if self._met:
-                return super()._rendezvous(worker_group)
-            with first_round(worker_group.spec.rdzv_handler):
+            with contextlib.nullcontext() if self._met else first_round(worker_group.spec.rdzv_handler):
                 super()._rendezvous(worker_group)
             self._met = True
 

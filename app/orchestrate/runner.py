@@ -711,8 +711,10 @@ def _failure(run: Run, status: int) -> str:
         )
     if run.raised and not run.errors:  # a rank's exception (a script's), which no line of the app's told: the
         first = run.incident.rank if run.incident else None  # cause's, not a peer's that lost it after
-        if first is None or first in run.raised:
-            return run.raised.get(first) or run.raised[min(run.raised)]
+        if first in run.raised:
+            return run.raised[first]
+        if first is None:
+            return run.raised[min(run.raised)]
     which = f"{ended_by} (rank 0's node)" if ended_by == run.main_container else ended_by
     return f"the job failed: {which} ended with {describe_status(status)}; see above"
 
