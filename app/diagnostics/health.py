@@ -315,7 +315,7 @@ def describe_slow(entry: dict) -> str:
 
 
 def describe_node(entry: dict) -> str:
-    """``ddp-cluster-worker-1 (ranks 2-3): 12.0 GFLOP/s, 6.8x below ddp-cluster-head-1's 82.0``."""
+    """``ddp-cluster-worker-1 (ranks 2, 3): 12.0 GFLOP/s, 6.8x below ddp-cluster-head-1's 82.0``."""
     value = figure(entry["metric"], entry["value"], entry["device"])
     fastest = figure(entry["metric"], entry["fastest"], entry["device"]).split(" ")[0]
     ranks = ("rank " if len(entry["ranks"]) == 1 else "ranks ") + ", ".join(map(str, entry["ranks"]))
