@@ -51,7 +51,7 @@ def write(kind: str, rank: int | None = None, path: str | os.PathLike | None = N
     """Append one record of ``kind`` to ``path`` (default: the launcher's events file; none: nothing). A record
     that cannot be written (a full disk) is lost, never the writer's failure."""
     if path is None:
-        from app.runtime import launcher  # (the runner, stdlib only, reads events and writes none)
+        from app.runtime import launcher  # (the runner, without torch, reads events and writes none)
 
         path = launcher.events_file()
     if path is None:

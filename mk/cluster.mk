@@ -60,14 +60,18 @@ SPEC_FLAGS = $(call knob,--spec,$(SPEC)) $(call knob,--name,$(CLUSTER)) $(call k
 # The local targets' processes: NPROC_PER_NODE, else the spec's default (asked of the app, not restated).
 LOCAL_NPROC = $(or $(NPROC_PER_NODE),$(shell $(APP) topology --format nproc-per-node))
 JOB_FLAGS = $(if $(SCRIPT),--script $(call quote,$(SCRIPT)) $(call knob,--args,$(ARGS)),$(call knob,--command,$(JOB)))
-# The cluster runner is the app's own (stdlib only): the host needs no venv to run the cluster.
+# The app's host-side commands need no torch: the stdlib runs `app topology`; the cluster runner talks to the
+# engine through the Docker SDK for Python, which build/tools-venv holds (made, and the SDK added, when missing).
 APP = PYTHONPATH=$(CURDIR) $(PYTHON) -m app
-CLUSTER_RUN = $(APP) cluster $(1) --results $(RESULTS) $(SPEC_FLAGS) --image-name $(IMAGE_NAME) $(call knob,--image,$(IMAGE))
+ENGINE_PYTHON = $(IMAGE_BUILD) tools --tools-venv $(TOOLS_VENV) --docker-sdk $(DOCKER_SDK_VERSION) && \
+	PYTHONPATH=$(CURDIR) $(TOOLS_VENV)/bin/python
+CLUSTER_RUN = $(ENGINE_PYTHON) -m app cluster $(1) --results $(RESULTS) $(SPEC_FLAGS) --image-name $(IMAGE_NAME) \
+	$(call knob,--image,$(IMAGE))
 # A cluster job's image build, which the runner starts once the spec is checked (it adds --flavour): none with IMAGE.
 IMAGE_BUILD_COMMAND = env PYTHONPATH=$(CURDIR)/docker $(PYTHON) -m imagebuild image $(IMAGE_FLAGS)
 CLUSTER_BUILD = $(if $(IMAGE),,--build $(call quote,$(IMAGE_BUILD_COMMAND)))
 # A cluster job: the spec parsed and checked once (a bad knob fails before any build), the image, the job.
-CLUSTER_JOB = $(PYTHON_RUNS) && $(call CLUSTER_RUN,up) $(CLUSTER_BUILD)
+CLUSTER_JOB = $(call CLUSTER_RUN,up) $(CLUSTER_BUILD)
 
 .PHONY: engine
 engine: ## Install (Debian: docker.io + compose v2) and start the Docker engine if missing.

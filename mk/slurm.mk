@@ -12,7 +12,8 @@ LAUNCHER ?=
 # The job that slurm-cancel cancels (empty: every job named after the spec's job name, CLUSTER).
 SLURM_JOBID ?=
 
-SLURM_RUN = PYTHONPATH=$(CURDIR) $(PYTHON) -m tests.rigs.slurm.minicluster $(1) --image $(SLURM_IMAGE) --results $(RESULTS) \
+# The rig talks to the engine through the Docker SDK for Python, as the cluster runner does (ENGINE_PYTHON).
+SLURM_RUN = $(ENGINE_PYTHON) -m tests.rigs.slurm.minicluster $(1) --image $(SLURM_IMAGE) --results $(RESULTS) \
 	$(call knob,--job-id,$(SLURM_JOBID)) -- $(SPEC_FLAGS) $(call knob,--launcher,$(LAUNCHER))
 
 .PHONY: slurm-image

@@ -7,7 +7,8 @@
     python -m app cluster logs                                 # make cluster-logs
     python -m app cluster down                                 # make cluster-down
 
-Runs on the host, with the stdlib only (no torch, no venv). The spec flags are ``python -m app
+Runs on the host, with the stdlib and the Docker SDK for Python (``app.orchestrate.engine``: no torch; make's
+cluster targets run it with build/tools-venv's python). The spec flags are ``python -m app
 topology``'s; they are checked once, then every file the cluster needs is rendered once into
 build/cluster/<name>/ (``compose.cluster_files``: compose's env file, nodes.yaml with each node's
 command, the launch files the nodes read); the containers only exec what was rendered.
@@ -26,8 +27,8 @@ changes nothing here. The terminal shows the streamed node's standard output onl
 (tracebacks, torch's C++ warnings with their ``frame #`` backtraces, torchrun's report) and every node's output
 go to the command's one log (logs/cluster.log, or --log-dir; ``--verbose`` prints the streamed node's standard
 error too): the status line and the error line name the same file. A node container that runs under a CPU or
-memory limit (``docker update``: the containers are reused from job to job) is one line. Every process ``up``
-starts (docker events, logs) ends with it. ``down`` says what it removed.
+memory limit (``docker update``: the containers are reused from job to job) is one line. Every process and
+stream ``up`` starts (the engine's events and logs, compose logs) ends with it. ``down`` says what it removed.
 
 What the user sees of a failure (docs/faults.md):
 - one line per restart, once the job runs again: which node or rank failed and why (signal or
@@ -44,7 +45,6 @@ Results are copied to --results.
 """
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import shlex
@@ -61,6 +61,7 @@ from app import contract, events, flags, logs, progress
 from app.atomic import atomic_write_text
 from app.errors import ClusterError, UsageError
 from app.flags import flag
+from app.orchestrate import engine
 from app.topology import command as topology
 from app.topology import compose
 from app.topology.spec import ClusterSpec
@@ -353,13 +354,6 @@ class Run:
         return node if node.startswith(f"{self.spec.job.name}-") else f"{self.spec.job.name}-{node}"
 
 
-def _docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=False)
-    except FileNotFoundError:
-        raise UsageError("docker is not installed: run `make engine`") from None
-
-
 def _ends_with(stop: threading.Event, proc: subprocess.Popen) -> subprocess.Popen:
     """``proc``, killed once ``stop`` is set: a thread blocked reading its output must not outlive the job."""
 
@@ -380,10 +374,10 @@ def _log_line(run: Run, service: str, rest: str) -> str:
     return stamp
 
 
-def _lines(stop: threading.Event, args: list[str], stderr: int, follow: bool) -> Iterator[str]:
-    """The output lines of a ``docker ... logs`` command (``args``); one that follows is ended once ``stop`` is
-    set, so that no reader outlives the job."""
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True)
+def _lines(stop: threading.Event, args: list[str], follow: bool) -> Iterator[str]:
+    """The output lines of ``compose logs`` (``args``); one that follows is ended once ``stop`` is set, so that no
+    reader outlives the job."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     proc = _ends_with(stop, proc) if follow else proc
     try:
         assert proc.stdout is not None
@@ -409,7 +403,7 @@ def _follow(run: Run, stop: threading.Event, since: float) -> None:
         follow = not stop.is_set()
         args = run.compose("logs", *(["--follow"] if follow else []), "--no-color", "--timestamps", "--since",
                            after if follow else f"{since:.3f}", *services)  # fmt: skip
-        for raw in _lines(stop, args, subprocess.DEVNULL, follow):
+        for raw in _lines(stop, args, follow):
             service, _, rest = raw.rstrip("\n").partition(" | ")
             if (service.strip(), rest) not in seen:
                 seen.add((service.strip(), rest))
@@ -422,21 +416,18 @@ def _follow(run: Run, stop: threading.Event, since: float) -> None:
 def _stream(run: Run, stop: threading.Event, since: float) -> None:
     """Print the standard output of the streamed node (``Run.main_container``): the app's own lines. Its standard
     error (tracebacks, torch's C++ warnings and their backtraces, torchrun's report) stays in the log; with
-    ``--verbose`` it is printed too. ``docker logs`` keeps the two apart; it ends when the container stops, and
+    ``--verbose`` it is printed too. The engine keeps the two apart; its stream ends when the container stops, and
     is started again (on the streamed node then: the head lost, the next node) as long as the job runs; once the
     job is over, one last pass prints what was missed."""
     seen: set[tuple[str, str]] = set()
     while True:
         follow = not stop.is_set()
         container = run.main_container
-        args = ["docker", "logs", *(["--follow"] if follow else []), "--timestamps", "--since", f"{since:.3f}",
-                container]  # fmt: skip
-        errors = subprocess.STDOUT if run.verbose else subprocess.DEVNULL
-        for raw in _lines(stop, args, errors, follow):
+        for raw in engine.lines(container, since, stop, follow, stderr=run.verbose):
             if (container, raw) not in seen:
                 seen.add((container, raw))
                 with run.lock:  # print() writes the line and its newline apart: the runner's own lines wait
-                    print(raw.rstrip("\n").partition(" ")[2], flush=True)
+                    print(raw.partition(" ")[2], flush=True)
         if not follow:
             return
         stop.wait(1)
@@ -462,36 +453,26 @@ def _watch_nodes(run: Run, stop: threading.Event, since: float) -> None:
     one) is started again, up to --max-restarts times; a node whose torchrun agent ended by itself ends the job
     (0: every agent finished; else torchrun gave up), as mpirun's launcher does; so does the rendezvous store
     lost. ``--since``: the events from the run's start, none missed while this reader started."""
-    label = f"label=com.docker.compose.project={run.spec.job.name}"
-    args = ["docker", "events", "--since", f"{since:.3f}", "--filter", label, "--filter", "event=kill", "--filter",
-            "event=die", "--format", "{{json .}}"]  # fmt: skip
     torchrun = run.spec.job.launcher != "mpirun"
     signalled: set[str] = set()  # containers that docker sent a signal (kill, stop, rm --force) since they last died
-    proc = _ends_with(stop, subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
-    try:
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            if stop.is_set() or run.ended.is_set():
-                break
-            event = json.loads(raw)
-            attributes = event["Actor"]["Attributes"]
-            service, name = attributes.get("com.docker.compose.service"), attributes.get("name", "?")
-            if event.get("Action", event.get("status")) == "kill":
-                signalled.add(name)
-                continue
-            code = int(attributes.get("exitCode", "0"))
-            by_docker = name in signalled
-            lost = by_docker or code >= 128
-            signalled.discard(name)
-            if service == compose.RENDEZVOUS:
-                run.store_lost(name, code)
-            elif service == compose.LAUNCHER or (torchrun and service in run.nodes and not lost):
-                run.end(code, name)
-            elif service in run.nodes and (lost or code != 0):
-                _restart_node(run, name, code, stop, by_docker)
-    finally:
-        proc.kill()
-        proc.wait()
+    for event in engine.container_events(run.spec.job.name, since, stop, ("kill", "die")):
+        if stop.is_set() or run.ended.is_set():
+            break
+        attributes = event["Actor"]["Attributes"]
+        service, name = attributes.get("com.docker.compose.service"), attributes.get("name", "?")
+        if event.get("Action", event.get("status")) == "kill":
+            signalled.add(name)
+            continue
+        code = int(attributes.get("exitCode", "0"))
+        by_docker = name in signalled
+        lost = by_docker or code >= 128
+        signalled.discard(name)
+        if service == compose.RENDEZVOUS:
+            run.store_lost(name, code)
+        elif service == compose.LAUNCHER or (torchrun and service in run.nodes and not lost):
+            run.end(code, name)
+        elif service in run.nodes and (lost or code != 0):
+            _restart_node(run, name, code, stop, by_docker)
 
 
 def _restart_node(run: Run, name: str, code: int, stop: threading.Event, by_docker: bool) -> None:
@@ -514,15 +495,10 @@ def _restart_node(run: Run, name: str, code: int, stop: threading.Event, by_dock
     run.log(f"cluster: starting {name} again (container restart {run.restarts} of {limit})")
     if not by_docker:
         time.sleep(POLICY_S)  # Docker's restart policy brings back a crashed container by itself
-    if not stop.is_set() and not _running(name) and _docker("start", name).returncode != 0 and not _running(name):
+    if not stop.is_set() and not engine.running(name) and not engine.start(name) and not engine.running(name):
         run.gone.add(name)
         if going_on:
             run.say(f"cluster: {which} is gone (it cannot be started again); {going_on}")
-
-
-def _running(name: str) -> bool:
-    """The container runs, or Docker is restarting it."""
-    return "true" in _docker("inspect", "--format", "{{.State.Running}} {{.State.Restarting}}", name).stdout.split()
 
 
 POLICY_S = 2.0
@@ -576,21 +552,9 @@ def _prepare(args: argparse.Namespace) -> Run:
     return Run(spec, folder, Path(log_file).resolve(), args.verbose)
 
 
-def _project_objects(run: Run) -> list[tuple[str, str]]:
-    """(kind, name) of every container, network and volume that carries this project's compose label."""
-    label = f"label=com.docker.compose.project={run.spec.job.name}"
-    listings = {
-        "container": ("ps", "-a", "--format", "{{.Names}}"),
-        "network": ("network", "ls", "--format", "{{.Name}}"),
-        "volume": ("volume", "ls", "--format", "{{.Name}}"),
-    }
-    found = {kind: _docker(*listing, "--filter", label).stdout.split() for kind, listing in listings.items()}
-    return [(kind, name) for kind, names in found.items() for name in names]
-
-
 def _down(run: Run) -> int:
     """Remove the project's containers, network and volumes; one line says what was removed."""
-    there = _project_objects(run)
+    there = engine.project_objects(run.spec.job.name)
     done = subprocess.run(
         run.compose("down", "--volumes", "--remove-orphans", "--timeout", str(STOP_GRACE_S), every_profile=True),
         capture_output=True,
@@ -598,7 +562,7 @@ def _down(run: Run) -> int:
         timeout=180,
         check=False,
     )
-    left = _project_objects(run)
+    left = engine.project_objects(run.spec.job.name)
     if done.returncode != 0 or left:
         detail = (done.stderr.strip().splitlines() or [""])[-1]
         names = " ".join(name for _, name in left)
@@ -620,14 +584,12 @@ def removed(objects: list[tuple[str, str]]) -> str:
 def _limits(run: Run) -> None:
     """One line for each node container that runs under a CPU or memory limit: the containers are reused from job
     to job, so a ``docker update --cpus`` of an earlier one would silently slow this job."""
-    names = [run.container_of(service) for service in run.nodes]
-    shown = _docker("inspect", "--format", "{{.Name}} {{.HostConfig.NanoCpus}} {{.HostConfig.CpuQuota}} "
-                    "{{.HostConfig.CpuPeriod}} {{.HostConfig.Memory}}", *names).stdout  # fmt: skip
-    for row in shown.splitlines():
-        name, *numbers = row.split()
-        numbers_ok = len(numbers) == 4 and all(n.lstrip("-").isdigit() for n in numbers)
-        if numbers_ok and (limit := describe_limits(*(int(n) for n in numbers))):
-            run.say(f"cluster: {name.lstrip('/')} runs under a limit: {limit}; it slows the job (it was set on "
+    torchrun = run.spec.job.launcher != "mpirun"
+    for name in compose.rank_order(run.spec) if torchrun else [run.container_of(s) for s in run.nodes]:
+        host = (engine.inspect(name) or {}).get("HostConfig") or {}
+        numbers = (host.get(key) or 0 for key in ("NanoCpus", "CpuQuota", "CpuPeriod", "Memory"))
+        if limit := describe_limits(*numbers):
+            run.say(f"cluster: {name} runs under a limit: {limit}; it slows the job (it was set on "
                     "the container, which jobs reuse): make cluster-down removes it")  # fmt: skip
 
 
@@ -642,7 +604,7 @@ def describe_limits(nano_cpus: int, cpu_quota: int, cpu_period: int, memory: int
 
 def _up(run: Run, results: Path) -> int:
     spec = run.spec
-    if _docker("image", "inspect", spec.job.image).returncode != 0:
+    if not engine.has_image(spec.job.image):
         raise UsageError(f"image {spec.job.image} is missing: build it with `make images`")
     shape = f"{spec.nodes.nodes} node(s) x {spec.nodes.nproc_per_node}"
     run.say(f"cluster: {spec.job.name}: {spec.job.launcher}, {shape}: {compose.job_line(spec)}")
@@ -656,7 +618,7 @@ def _up(run: Run, results: Path) -> int:
     started = subprocess.run(run.compose("up", "--detach", *services), capture_output=True, text=True,
                              timeout=spec.rendezvous.join_timeout + 300, check=False)  # fmt: skip
     run.log(f"compose up: exit {started.returncode}: {started.stdout}{started.stderr}")
-    if _docker("inspect", run.main_container).returncode != 0:
+    if engine.inspect(run.main_container) is None:
         detail = (started.stderr.strip().splitlines() or ["no output"])[-1]
         raise ClusterError(f"the cluster did not start: {detail}: see {run.log_file}")
     _limits(run)
@@ -672,13 +634,12 @@ def _up(run: Run, results: Path) -> int:
         if not run.ended.wait(max(spec.job.time_limit - (time.monotonic() - start), 1)):
             run.end(124)
         if run.status == 0 and not run.gave_up and spec.job.launcher != "mpirun":
-            with contextlib.suppress(subprocess.TimeoutExpired):  # the other agents are leaving torchrun's exit barrier
-                _docker("wait", *compose.rank_order(spec), timeout=STOP_GRACE_S)
+            engine.wait(compose.rank_order(spec), STOP_GRACE_S)  # the other agents are leaving torchrun's exit barrier
         # The job is over: the nodes still up cannot go on without it; stopped first, reported after.
         subprocess.run(run.compose("stop", "--timeout", str(STOP_GRACE_S)), capture_output=True, timeout=180,
                        check=False)  # fmt: skip
     finally:
-        stop.set()  # ends the processes the threads read (docker events, compose logs)
+        stop.set()  # ends the streams the threads read (the engine's events and logs, compose logs)
     elapsed = time.monotonic() - start
     for thread in threads[1:]:
         thread.join(timeout=60)  # their last pass: the records and lines of this run not yet read
@@ -722,8 +683,7 @@ def _failure(run: Run, status: int) -> str:
 def _collect(run: Run, results: Path, elapsed: float) -> None:
     """Copy the results volume home (through rank 0's node) and print the newest summary written during this job."""
     results.mkdir(parents=True, exist_ok=True)
-    copied = _docker("cp", f"{run.main_container}:{contract.RESULTS_DIR}/.", f"{results}/", timeout=300)
-    if copied.returncode != 0:
+    if not engine.copy_out(run.main_container, str(contract.RESULTS_DIR), results):
         return
     fresh = [p for p in results.rglob("summary.json") if p.stat().st_mtime >= time.time() - elapsed - 5]
     if fresh:

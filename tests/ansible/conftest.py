@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from app import contract
+from app.orchestrate import engine
 from tests.rigs.nodes import nodes
 
 ANSIBLE_DIR = nodes.REPO / "ansible"
@@ -80,7 +81,7 @@ def run_playbook(playbook: Path, inventory: Path | str, extravars: dict | None =
 def workload_image(request: pytest.FixtureRequest) -> str:
     """The workload image; it must be built (make images) before these tests."""
     image = request.config.getoption("--ansible-image")
-    if nodes.docker("image", "inspect", image, check=False).returncode != 0:
+    if not engine.has_image(image):
         pytest.fail(f"workload image {image} is missing: build it with `make images` (make test does)")
     return image
 

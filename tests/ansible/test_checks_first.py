@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from app.orchestrate import engine
 from tests.ansible.conftest import ansible_env
 from tests.rigs.nodes import nodes
 
@@ -35,9 +36,9 @@ def one_line(result: subprocess.CompletedProcess) -> str:
 
 def untouched(name: str) -> None:
     """The node is as bare as it started: no managed /etc/hosts block, no Docker engine installed."""
-    hosts = nodes.docker("exec", name, "cat", "/etc/hosts").stdout
+    hosts = nodes.exec_in(name, "cat", "/etc/hosts").stdout
     assert HOSTS_BLOCK not in hosts, hosts
-    assert nodes.docker("exec", name, "sh", "-c", "command -v dockerd", check=False).returncode != 0
+    assert nodes.exec_in(name, "sh", "-c", "command -v dockerd", check=False).returncode != 0
 
 
 def test_two_local_hosts_on_one_machine_stop_the_run_before_any_play_changes_it(tmp_path: Path) -> None:
@@ -89,7 +90,7 @@ def test_two_inventory_hosts_on_one_node_write_no_hosts_file(bare_nodes: dict, t
 @pytest.mark.docker
 def test_a_stopped_node_stops_the_run_before_the_others_change(bare_nodes: dict) -> None:
     first, second = bare_nodes["names"]
-    nodes.docker("stop", "--time", "1", second)
+    engine.client().containers.get(second).stop(timeout=1)
     result = app_deploy(bare_nodes["inventory"], "-q")
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr
     line = one_line(result)

@@ -8,16 +8,19 @@ nodes and the job, and a bad spec value fails the play in one line.
     make images && .venv/bin/python -m pytest tests/ansible/test_deploy.py -m ansible
 """
 
+import io
 import json
 import re
 import subprocess
 import sys
+import tarfile
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
 
+from app.orchestrate import engine
 from tests.ansible.conftest import ANSIBLE_DIR, ansible_env, record_timing, run_playbook
 from tests.rigs.nodes import nodes
 
@@ -66,12 +69,19 @@ def deployed(node_cluster: dict, tmp_path_factory: pytest.TempPathFactory) -> di
 
 
 def node_exec(name: str, *command: str) -> str:
-    return nodes.docker("exec", name, *command).stdout
+    return nodes.exec_in(name, *command).stdout
 
 
-def node_write(name: str, path: str, text: str, mode: str = "0644") -> None:
-    script = f"mkdir -p $(dirname {path}) && cat > {path} && chmod {mode} {path}"
-    subprocess.run(["docker", "exec", "-i", name, "sh", "-c", script], input=text, text=True, check=True, timeout=60)
+def node_write(name: str, path: str, text: str, mode: int = 0o644) -> None:
+    """Write a root-owned file into the node (its folder made first) through the engine's archive upload."""
+    folder, data = PurePosixPath(path).parent, text.encode()
+    member = tarfile.TarInfo(PurePosixPath(path).name)
+    member.size, member.mode, member.mtime = len(data), mode, time.time()
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        tar.addfile(member, io.BytesIO(data))
+    nodes.exec_in(name, "mkdir", "-p", str(folder))
+    engine.client().containers.get(name).put_archive(str(folder), archive.getvalue())
 
 
 def test_deploy_runs_check_and_training_across_nodes_and_brings_the_summary_back(deployed: dict) -> None:
@@ -99,7 +109,7 @@ def test_nodes_hold_the_topology_files_and_the_same_image(deployed: dict) -> Non
     assert "--node-rank=1" in torchrun and "--master-port=29500" in torchrun, torchrun
     assert node_exec(first, "cat", "/etc/ddp-cluster/hostfile") == node_exec(second, "cat", "/etc/ddp-cluster/hostfile")
     inspect = ("docker", "image", "inspect", "--format", "{{.Id}}", deployed["image"])
-    controller = nodes.docker(*inspect[1:]).stdout.strip()
+    controller = engine.client().images.get(deployed["image"]).id
     for name in deployed["names"]:
         assert node_exec(name, *inspect).strip() == controller
         assert node_exec(name, "docker", "ps", "-aq") == "", "a job container was left running"
@@ -212,7 +222,7 @@ def test_container_toolkit_merges_the_runtime_into_daemon_json(deployed: dict) -
     node_write(
         node, "/etc/docker/daemon.json", json.dumps({"log-driver": "json-file", "log-opts": {"max-size": "10m"}})
     )
-    node_write(node, "/usr/local/bin/nvidia-ctk", FAKE_NVIDIA_CTK, mode="0755")
+    node_write(node, "/usr/local/bin/nvidia-ctk", FAKE_NVIDIA_CTK, mode=0o755)
     extravars = {"merge_host": node, "nvidia_container_toolkit_daemon_json_extra": {"log-opts": {"max-file": "3"}}}
     first = run_playbook(PLAYBOOKS / "toolkit-merge.yml", deployed["inventory"], extravars, timeout=600)
     assert first.status == "successful", first.stdout[-4000:]

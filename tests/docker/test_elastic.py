@@ -11,6 +11,7 @@ Run: ``DDP_TEST_IMAGE_NAME=... .venv/bin/python -m pytest tests/docker/test_elas
 
 import os
 import re
+import sys
 import time
 import uuid
 
@@ -33,7 +34,7 @@ from step 23 (only the order of float sums differs); measured: see the module's 
 
 
 def _down(job: FaultRun) -> None:
-    run(["python3", "-m", "app", "cluster", "down", "--name", job.project], 240)
+    run([sys.executable, "-m", "app", "cluster", "down", "--name", job.project], 240)
     assert project_leftovers(job.project) == []
 
 
@@ -64,7 +65,7 @@ def test_a_removed_worker_leaves_the_job_on_the_other_node_at_the_same_global_ba
     fault_run.marker(proc)
     worker = fault_run.container("worker")
     removed_at = time.time()
-    assert fault_run.docker("rm", "--force", worker).returncode == 0
+    fault_run.engine.containers.get(worker).remove(force=True)
     done = fault_run.finish(proc)
     assert done.returncode == 0, explain(done)
     gone = f"cluster: {worker} (ranks 2-3) is gone (it cannot be started again); the job goes on with the other nodes"
@@ -88,7 +89,7 @@ def test_a_removed_worker_leaves_the_job_on_the_other_node_at_the_same_global_ba
 def test_min_nodes_equal_to_nodes_keeps_todays_all_or_none(fault_run):
     proc = fault_run.start(HOOKS, "--min-nodes", "2", "--max-restarts", "1", "--join-timeout", "15")
     fault_run.marker(proc)
-    assert fault_run.docker("rm", "--force", fault_run.container("worker")).returncode == 0
+    fault_run.engine.containers.get(fault_run.container("worker")).remove(force=True)
     done = fault_run.finish(proc)
     assert done.returncode != 0, explain(done)
     assert "resize" not in done.stdout and "goes on with the other nodes" not in done.stdout, explain(done)
@@ -98,6 +99,8 @@ def test_min_nodes_equal_to_nodes_keeps_todays_all_or_none(fault_run):
     assert "ranks 2-3 on " in done.stderr and " stopped answering: " in done.stderr, explain(done)
 
 
+CFS_PERIOD_US = 100_000
+"""The CFS period that ``docker update --cpus`` sets; the SDK's update takes a quota in it (no --cpus)."""
 GATE_EPOCHS = 12
 """Of digits on 4 ranks: 276 steps. After the worker is lost, rank 0 sleeps 1.5 s a step until the world is
 whole again (up to about 6 minutes, within the test's 10): long enough for the gate to keep the worker out and
@@ -113,15 +116,15 @@ KEPT_OUT = re.compile(
 
 
 def _gate_line(job: FaultRun, proc, node: str, timeout: float = 300) -> str:
-    """The node's gate line in its own output (docker logs), once there."""
-    deadline = time.monotonic() + timeout
+    """The node's gate line in its own standard output (the container's log), once there."""
+    deadline, found = time.monotonic() + timeout, ""
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"the job ended before {node} was kept out:\n{explain(job.finish(proc))}"
-        found = job.docker("logs", node).stdout
+        found = job.engine.containers.get(node).logs(stderr=False).decode(errors="replace")
         if kept := re.search(r"^gate: kept out: .*$", found, re.M):
             return kept[0]
         time.sleep(2)
-    raise AssertionError(f"no gate line from {node} within {timeout}s:\n{job.docker('logs', node).stdout[-3000:]}")
+    raise AssertionError(f"no gate line from {node} within {timeout}s:\n{found[-3000:]}")
 
 
 def test_a_worker_that_comes_back_slow_is_kept_out_then_healed_rejoins_and_the_world_grows(fault_run):
@@ -130,12 +133,13 @@ def test_a_worker_that_comes_back_slow_is_kept_out_then_healed_rejoins_and_the_w
     worker = fault_run.container("worker")
     # A tenth of a core: 8.7 GFLOP/s against 47 idle, under a third of a busy machine's figures (0.05 kept it
     # out as surely, but Python started twice as slowly: the kept-out line came after 40 s instead of 20)
-    assert fault_run.docker("update", "--cpus", "0.1", worker).returncode == 0
-    assert fault_run.docker("kill", worker).returncode == 0
+    throttled = fault_run.engine.containers.get(worker)
+    throttled.update(cpu_period=CFS_PERIOD_US, cpu_quota=CFS_PERIOD_US // 10)  # docker update --cpus 0.1
+    throttled.kill()
     killed_at = time.time()
     said = _gate_line(fault_run, proc, worker)
     assert said.startswith("gate: kept out: device check "), said
-    assert fault_run.docker("update", "--cpus", str(os.cpu_count()), worker).returncode == 0  # healed
+    throttled.update(cpu_quota=CFS_PERIOD_US * os.cpu_count())  # healed: --cpus as many as the machine has
     healed_at = time.time()
     done = fault_run.finish(proc)
     assert done.returncode == 0, explain(done)

@@ -15,6 +15,7 @@ Run: ``DDP_TEST_IMAGE_NAME=... .venv/bin/python -m pytest tests/docker/test_faul
 
 import calendar
 import re
+import sys
 import time
 import uuid
 
@@ -45,7 +46,7 @@ def fault_run(cpu_image, tmp_path):
     """A compose project of its own, removed afterwards."""
     job = new_run(cpu_image, tmp_path)
     yield job
-    run(["python3", "-m", "app", "cluster", "down", "--name", job.project], 240)
+    run([sys.executable, "-m", "app", "cluster", "down", "--name", job.project], 240)
     assert project_leftovers(job.project) == []
 
 
@@ -59,7 +60,7 @@ def reference(cpu_image, tmp_path_factory) -> dict:
         assert "cluster: restart" not in done.stdout, explain(done)
         return job.final_state()
     finally:
-        run(["python3", "-m", "app", "cluster", "down", "--name", job.project], 240)
+        run([sys.executable, "-m", "app", "cluster", "down", "--name", job.project], 240)
 
 
 def assert_same_training(state: dict, want: dict) -> None:
@@ -105,7 +106,7 @@ def test_a_killed_training_process_is_restarted_and_the_job_ends_as_if_nothing_h
     worker = fault_run.container("worker")
 
     def kill_rank_3(marker: dict) -> None:
-        assert fault_run.docker("exec", worker, "kill", "-9", str(marker["pid"])).returncode == 0
+        assert fault_run.engine.containers.get(worker).exec_run(["kill", "-9", str(marker["pid"])]).exit_code == 0
 
     line = recovers(fault_run, reference, kill_rank_3)
     assert line.startswith(f"cluster: restart 1: rank 3 (local rank 1 on {worker}) ended with signal 9 (SIGKILL); ")
@@ -113,7 +114,7 @@ def test_a_killed_training_process_is_restarted_and_the_job_ends_as_if_nothing_h
 
 def test_a_killed_worker_container_is_started_again_and_the_job_ends_as_if_nothing_happened(fault_run, reference):
     worker = fault_run.container("worker")
-    line = recovers(fault_run, reference, lambda _: fault_run.docker("kill", worker))
+    line = recovers(fault_run, reference, lambda _: fault_run.engine.containers.get(worker).kill())
     assert line.startswith(f"cluster: restart 1: {worker} (ranks 2-3) stopped with signal 9 (SIGKILL); "), line
 
 
@@ -121,11 +122,12 @@ def test_a_paused_worker_is_named_and_after_unpause_the_job_resumes(fault_run, r
     worker = fault_run.container("worker")
 
     def pause_past_the_timeout(_marker: dict) -> None:
-        assert fault_run.docker("pause", worker).returncode == 0
+        paused = fault_run.engine.containers.get(worker)
+        paused.pause()
         try:
             time.sleep(COLLECTIVE_TIMEOUT + 10)  # the head's ranks time out, name the silent ones, and restart
         finally:
-            assert fault_run.docker("unpause", worker).returncode == 0
+            paused.unpause()
 
     line = recovers(fault_run, reference, pause_past_the_timeout)
     said = re.match(
@@ -143,7 +145,7 @@ def test_a_killed_head_is_started_again_and_the_job_ends_as_if_nothing_happened(
     """Rank 0's node is a worker like any other: the rendezvous lives in a store container of its own, where the
     survivors hold their roll call once rank 0's store is gone with the head, and keep the step."""
     head = fault_run.container("head")
-    line = recovers(fault_run, reference, lambda _: fault_run.docker("kill", head))
+    line = recovers(fault_run, reference, lambda _: fault_run.engine.containers.get(head).kill())
     assert line.startswith(f"cluster: restart 1: {head} (ranks 0-1) stopped with signal 9 (SIGKILL); "), line
     [resumed] = [r for r in fault_run.metrics() if r.get("event") == "resume"]  # the restarted head's agent counts
     assert resumed["restart_count"] == 1, resumed  # from 0: the record says what the terminal says (issue 25)
@@ -153,10 +155,10 @@ def test_the_rendezvous_store_lost_stops_the_job_within_the_bound_with_one_line(
     proc = fault_run.start(HOOKS)
     fault_run.marker(proc)
     store = fault_run.container("rendezvous")
-    assert fault_run.docker("kill", store).returncode == 0
+    fault_run.engine.containers.get(store).kill()
     killed_at = time.monotonic()
-    label = f"label=com.docker.compose.project={fault_run.project}"
-    while fault_run.docker("ps", "-q", "--filter", label).stdout.strip():
+    project = {"label": f"com.docker.compose.project={fault_run.project}"}
+    while fault_run.engine.containers.list(filters=project):  # those that run
         assert time.monotonic() - killed_at < 300, "containers still running"
         time.sleep(0.5)
     stopped_within = time.monotonic() - killed_at
@@ -185,18 +187,17 @@ def test_a_full_results_volume_fails_with_one_line_keeps_the_last_checkpoint_and
     # and removes it at cluster down); a holder container keeps it mounted (a tmpfs volume that no container
     # mounts is empty). The job fills it at step 25, leaving 1 MiB: the checkpoint of step 30 needs ~2.4.
     volume, holder = f"{fault_run.project}_results", f"{fault_run.project}-holder"
-    made = fault_run.docker(
-        "volume", "create", "--driver", "local", "--opt", "type=tmpfs", "--opt", "device=tmpfs",
-        "--opt", "o=size=24m,uid=1000,gid=1000,mode=0755", "--label", f"com.docker.compose.project={fault_run.project}",
-        "--label", "com.docker.compose.volume=results", volume,
+    tmpfs = {"type": "tmpfs", "device": "tmpfs", "o": "size=24m,uid=1000,gid=1000,mode=0755"}
+    labels = {"com.docker.compose.project": fault_run.project, "com.docker.compose.volume": "results"}
+    fault_run.engine.volumes.create(volume, driver="local", driver_opts=tmpfs, labels=labels)
+    held = fault_run.engine.containers.run(
+        fault_run.image, ["infinity"], entrypoint="sleep", name=holder, network_mode="none",
+        volumes=[f"{volume}:/results"], detach=True,
     )  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    hold = ["-d", "--name", holder, "--network", "none", "-v", f"{volume}:/results", "--entrypoint", "sleep"]
-    assert fault_run.docker("run", *hold, fault_run.image, "infinity").returncode == 0
     try:
         disk_full_then_freed(fault_run, reference, volume, holder)
     finally:
-        fault_run.docker("rm", "--force", holder)
+        held.remove(force=True)
 
 
 def disk_full_then_freed(fault_run: FaultRun, reference: dict, volume: str, holder: str) -> None:
@@ -215,14 +216,14 @@ def disk_full_then_freed(fault_run: FaultRun, reference: dict, volume: str, hold
     said = "error: not restarted: every attempt would run out of disk the same way; free space in the volume"
     assert done.stderr.splitlines()[-1].startswith(f"{said} {volume}, then run the job again"), explain(done)
     assert "cluster: restart" not in done.stdout, "a full disk must not be restarted into the same failure"
-    finished = fault_run.docker("inspect", "--format", "{{.State.FinishedAt}}", fault_run.container("head")).stdout
+    finished = fault_run.engine.containers.get(fault_run.container("head")).attrs["State"]["FinishedAt"]
     stopped = calendar.timegm(time.strptime(finished.strip()[:19], "%Y-%m-%dT%H:%M:%S"))
     assert stopped - marker["time"] <= 5 * 0.5 + STOP_GRACE_S + 15, "the job went on after the failed write"
     checkpoints = fault_run.results / "f" / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == [f"step-{s:08d}.pt" for s in (10, 20, 23)]
     assert torch.load(checkpoints / "step-00000023.pt", map_location="cpu", weights_only=True)["step"] == 23
 
-    assert fault_run.docker("exec", holder, "rm", f"{OUT}/filler").returncode == 0
+    assert fault_run.engine.containers.get(holder).exec_run(["rm", f"{OUT}/filler"]).exit_code == 0
     again = fault_run.finish(fault_run.start([]))
     assert again.returncode == 0, explain(again)
     assert "cluster: resumed from step 23 (checkpoint /results/f/checkpoints/step-00000023.pt)" in again.stdout

@@ -106,9 +106,9 @@ def test_links_names_the_throttled_container_and_only_it(cluster, throttle_image
     assert (cluster.results / "links" / "links.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def _docker_events_of(project: str) -> list[str]:
-    """``docker events`` processes still watching ``project`` (cluster up must leave none behind)."""
-    found = run(["pgrep", "-af", f"docker events .*com.docker.compose.project={project} "], 30).stdout
+def _log_readers_of(project: str) -> list[str]:
+    """``compose logs`` processes still following ``project`` (cluster up must leave none behind)."""
+    found = run(["pgrep", "-af", f"compose -p {project} .* logs "], 30).stdout
     return found.splitlines()
 
 
@@ -162,7 +162,7 @@ def test_a_node_at_half_speed_gets_the_same_verdict_every_run(cluster, throttle_
     assert len(verdicts) == 3, ratios  # three runs with the head really at about half speed
     head = report["nodes"][0]  # rank 0's node, the throttled one
     assert verdicts == [([{"node": head, "direction": "send"}], [])] * 3, verdicts
-    assert _docker_events_of(cluster.project) == []  # cluster up left no watcher behind
+    assert _log_readers_of(cluster.project) == []  # cluster up left no reader behind
 
 
 def test_comm_across_containers(cluster) -> None:

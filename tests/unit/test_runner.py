@@ -1,20 +1,19 @@
 # ruff: noqa: E501  (torchrun's own output lines, quoted whole)
 """The cluster runner: what happened to a job, read from its events file (``app.events``: the records that node
 agents and ranks write), each failure (and each restart) as one line; the nodes' output goes to the log, never
-read for a fault. Docker is not asked: the containers' host names are given, and ``docker stop`` is recorded."""
+read for a fault. The engine is not asked (the containers' host names are given), except by the watcher's own test."""
 
 import json
 import os
-import shutil
-import subprocess
+import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from app import events
-from app.orchestrate import runner
+from app.errors import UsageError
+from app.orchestrate import engine, runner
 from app.orchestrate.runner import describe_limits, describe_status, removed
 from app.topology import compose
 from app.topology.spec import build
@@ -34,8 +33,11 @@ RESUMED = "resumed from step 23 (checkpoint /r/f/checkpoints/step-00000023.pt), 
 @pytest.fixture
 def run(tmp_path, monkeypatch):
     job = runner.Run(build({"job": {"name": "demo"}}), tmp_path, tmp_path / "demo.log")
-    job.docker_calls = []
-    monkeypatch.setattr(runner, "_docker", lambda *args, **_: job.docker_calls.append(args))
+
+    def asked(*_, **__):
+        raise AssertionError("the engine was asked")
+
+    monkeypatch.setattr(engine, "client", asked)
     return job
 
 
@@ -275,54 +277,46 @@ def test_a_limit_left_on_a_node_container_is_described_and_the_down_line_says_wh
 
 
 def test_a_node_that_runs_under_a_limit_is_one_line(run, monkeypatch, capsys):
-    shown = "/demo-head-1 0 0 0 0\n/demo-worker-1 500000000 0 0 0\n"
-    monkeypatch.setattr(runner, "_docker", lambda *args, **_: subprocess.CompletedProcess(args, 0, shown, ""))
+    limits = {"demo-head-1": {"NanoCpus": 0, "Memory": 2**30}, "demo-worker-1": {"NanoCpus": 500_000_000, "Memory": 0}}
+    monkeypatch.setattr(engine, "inspect", lambda name: {"HostConfig": limits[name]})
     runner._limits(run)
     assert capsys.readouterr().out.splitlines() == [
+        "cluster: demo-head-1 runs under a limit: 1024 MiB of memory; it slows the job (it was set on the container, "
+        "which jobs reuse): make cluster-down removes it",
         "cluster: demo-worker-1 runs under a limit: 0.5 CPUs; it slows the job (it was set on the container, which "
-        "jobs reuse): make cluster-down removes it"
+        "jobs reuse): make cluster-down removes it",
     ]
 
 
-def _docker_events_of(project: str) -> list[int]:
-    """Pids of ``docker events`` processes that watch ``project`` (any parent: a leaked one is reparented to 1)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv[1:2] == [b"events"] and f"label=com.docker.compose.project={project}".encode() in argv:
-            found.append(int(entry.name))
-    return found
+def _engine_answers() -> bool:
+    try:
+        engine.client().ping()
+        return True
+    except Exception:
+        return False
 
 
-@pytest.mark.skipif(shutil.which("docker") is None, reason="needs the docker CLI")
-def test_the_node_watcher_ends_with_the_job_and_leaves_no_docker_events(tmp_path):
-    """The watcher blocks reading ``docker events`` (no container of this project dies): stop must end it."""
-    project = f"nowatch-{os.getpid()}"
-    job = runner.Run(build({"job": {"name": project}}), tmp_path / "x.env", tmp_path / "x.log")
+@pytest.mark.skipif(not _engine_answers(), reason="needs a Docker engine that answers")
+def test_the_node_watcher_ends_with_the_job(tmp_path):
+    """The watcher blocks reading the engine's events (no container of this project dies): stop must end it."""
+    job = runner.Run(build({"job": {"name": f"nowatch-{os.getpid()}"}}), tmp_path / "x.env", tmp_path / "x.log")
     stop = threading.Event()
     watcher = threading.Thread(target=runner._watch_nodes, args=(job, stop, time.time()), daemon=True)
     watcher.start()
-    deadline = time.monotonic() + 30
-    while not _docker_events_of(project) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _docker_events_of(project), "the watcher did not start docker events"  # the negative control
+    watcher.join(timeout=2)
+    assert watcher.is_alive(), "the watcher did not wait for the engine's events"  # the negative control
     stop.set()  # what cluster up does when the job has ended
     watcher.join(timeout=20)
-    left = _docker_events_of(project)
-    for pid in left:  # a leak found: clean up after the failed test
-        os.kill(pid, 9)
-    assert not watcher.is_alive() and not left
+    assert not watcher.is_alive()
 
 
-def _event(action: str, service: str, code: int | None = None) -> str:
-    """One line of ``docker events --format '{{json .}}'`` for a container of the project ``demo``."""
+def _event(action: str, service: str, code: int | None = None) -> dict:
+    """One event of the Engine API (``/events``) for a container of the project ``demo``."""
     attributes = {"com.docker.compose.service": service, "name": f"demo-{service}" + ("" if "-" in service else "-1")}
-    return json.dumps(
-        {"Action": action, "Actor": {"Attributes": attributes | ({"exitCode": str(code)} if code is not None else {})}}
-    )
+    return {
+        "Action": action,
+        "Actor": {"Attributes": attributes | ({"exitCode": str(code)} if code is not None else {})},
+    }
 
 
 @pytest.mark.parametrize(
@@ -347,16 +341,7 @@ def _event(action: str, service: str, code: int | None = None) -> str:
 def test_a_node_lost_is_restarted_a_node_that_ended_ends_the_job_and_so_does_the_store_lost(
     run, monkeypatch, events, restarted, ended
 ):
-    lines = [_event(*e) + "\n" for e in events]
-
-    class Events:  # docker events, as read: the lines, then nothing
-        stdout = iter(lines)
-
-        def kill(self) -> None: ...
-
-        def wait(self) -> None: ...
-
-    monkeypatch.setattr(runner.subprocess, "Popen", lambda *_, **__: Events())
+    monkeypatch.setattr(engine, "container_events", lambda *_: iter([_event(*e) for e in events]))
     calls = []
     monkeypatch.setattr(
         runner, "_restart_node", lambda _run, name, code, _stop, by_docker: calls.append((name, by_docker))
@@ -396,9 +381,9 @@ def test_a_node_kept_out_by_its_gate_is_one_line_and_no_restart(run, capsys):
 @pytest.mark.parametrize(
     ("by_docker", "state", "calls", "slept"),
     [
-        (True, "false false", [("inspect", "demo-worker-1"), ("start", "demo-worker-1")], []),  # docker kill: at once
-        (False, "false false", [("inspect", "demo-worker-1"), ("start", "demo-worker-1")], [runner.POLICY_S]),
-        (False, "false true", [("inspect", "demo-worker-1")], [runner.POLICY_S]),  # Docker's policy brought it back
+        (True, "stopped", [("inspect", "demo-worker-1"), ("start", "demo-worker-1")], []),  # docker kill: at once
+        (False, "stopped", [("inspect", "demo-worker-1"), ("start", "demo-worker-1")], [runner.POLICY_S]),
+        (False, "running", [("inspect", "demo-worker-1")], [runner.POLICY_S]),  # Docker's policy brought it back
     ],
 )
 def test_a_lost_node_is_started_at_once_when_docker_stopped_it_else_after_the_restart_policy(
@@ -406,11 +391,12 @@ def test_a_lost_node_is_started_at_once_when_docker_stopped_it_else_after_the_re
 ):
     done = []
 
-    def docker(*args, **_):
-        done.append((args[0], args[-1]))
-        return subprocess.CompletedProcess(args, 0, state if args[0] == "inspect" else "", "")
+    def running(name: str) -> bool:
+        done.append(("inspect", name))
+        return state == "running"
 
-    monkeypatch.setattr(runner, "_docker", docker)
+    monkeypatch.setattr(engine, "running", running)
+    monkeypatch.setattr(engine, "start", lambda name: done.append(("start", name)) or True)
     monkeypatch.setattr(runner.time, "sleep", lambda s: slept_now.append(s))
     slept_now: list[float] = []
     runner._restart_node(run, "demo-worker-1", 137, threading.Event(), by_docker)
@@ -444,3 +430,13 @@ def test_the_log_names_every_node_by_its_container_and_holds_plain_lines_only(ru
     assert run.log_file.read_text() == "demo-head-1: train: epoch 1/2\ndemo-worker-1: W1122 a warning\n"
     run.log("compose up: exit 0: \x1b[1mContainer demo-head-1\x1b[0m  Started\x1b[K\n\n")
     assert run.log_file.read_text().splitlines()[-1] == "compose up: exit 0: Container demo-head-1  Started"
+
+
+def test_a_missing_sdk_or_engine_is_one_line_that_names_the_fix(monkeypatch):
+    with monkeypatch.context() as without:
+        without.setitem(sys.modules, "docker", None)  # import docker raises ImportError
+        with pytest.raises(UsageError, match=r"^the Docker SDK for Python is missing: run the cluster with `make "):
+            engine.client()
+    monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:1")  # nothing listens there
+    with pytest.raises(UsageError, match=r"^the Docker engine does not answer \(.*\): start it with `make engine`$"):
+        engine.project_objects("demo")

@@ -33,9 +33,12 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
+
+import docker
 
 from app import contract, events
-from app.orchestrate import runner
+from app.orchestrate import engine, runner
 from tests.rigs.faults.drive import OUT, FaultRun, explain
 
 FIRST_STEPS = f"{OUT}/first-steps.jsonl"
@@ -76,9 +79,20 @@ def run_job(
     return done, faults
 
 
+def _exec(client: Any, name: str, *command: str) -> tuple[int, str]:
+    """A command in the container (``docker exec``): its exit status and standard error, -1 and why when the engine
+    refused (no such container, or not running)."""
+    try:
+        code, (_, err) = client.containers.get(name).exec_run(list(command), demux=True)
+        return code, (err or b"").decode(errors="replace")
+    except docker.errors.APIError as error:
+        return -1, str(error)
+
+
 def _strike(job: FaultRun, proc: subprocess.Popen, every: float, faults: list[dict]) -> None:
+    client = engine.client()  # this thread's own (an SDK client is a requests session)
     head, worker = job.container("head"), job.container("worker")
-    while proc.poll() is None and job.docker("exec", head, "test", "-s", FIRST_STEPS, timeout=30).returncode:
+    while proc.poll() is None and _exec(client, head, "test", "-s", FIRST_STEPS)[0]:
         time.sleep(1)  # not training yet
     kinds = ["training process killed", "worker container killed"]
     while True:
@@ -90,10 +104,14 @@ def _strike(job: FaultRun, proc: subprocess.Popen, every: float, faults: list[di
         kind = kinds[len(faults) % 2]
         at = time.time()
         if kind == kinds[0]:
-            done = job.docker("exec", worker, "python", "-c", KILL_A_TRAINING_PROCESS, timeout=60)
+            code, detail = _exec(client, worker, "python", "-c", KILL_A_TRAINING_PROCESS)
         else:
-            done = job.docker("kill", worker, timeout=60)
-        faults.append({"kind": kind, "time": at, "ok": done.returncode == 0, "detail": done.stderr.strip()[-200:]})
+            try:
+                client.containers.get(worker).kill()
+                code, detail = 0, ""
+            except docker.errors.APIError as error:
+                code, detail = -1, str(error)
+        faults.append({"kind": kind, "time": at, "ok": code == 0, "detail": detail.strip()[-200:]})
 
 
 def _records(job: FaultRun) -> tuple[list[dict], list[dict]]:

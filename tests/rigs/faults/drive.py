@@ -4,21 +4,25 @@ marker, act on a container, and read what came back. Used by tests/docker/test_f
 
     run = FaultRun("ddpt-1234", Path("/tmp/results"), "ddp-cluster-test:cpu")
     proc = run.start(["--fault-at-step", "25", "--fault-rank", "3", "--slow-ms", "500"])
-    marker = run.marker()                  # the step was reached: act now
-    run.docker("kill", run.container("worker"))
+    marker = run.marker(proc)              # the step was reached: act now
+    run.engine.containers.get(run.container("worker")).kill()  # the engine's objects, from the Docker SDK
     done = run.finish(proc)                # exit status and output of `python -m app cluster up`
 """
 
+import functools
 import json
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import docker
 import torch
 
 from app import events
+from app.orchestrate import engine as docker_engine
 from app.orchestrate import runner
 from app.topology import compose
 
@@ -60,16 +64,22 @@ class FaultRun:
     def container(self, service: str) -> str:
         return f"{self.project}-{service}-1"
 
-    def docker(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=False)
+    @functools.cached_property
+    def engine(self) -> Any:
+        """The Docker engine (a ``docker.DockerClient``: containers, volumes... as Engine API objects) of the
+        thread that first asks; another thread takes its own, ``app.orchestrate.engine.client()``."""
+        return docker_engine.client()
 
     def marker(self, proc: subprocess.Popen, timeout: float = 400) -> dict:
         """The fault job's marker (its step was reached), read from the head container as soon as it is there."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = self.docker("exec", self.container("head"), "cat", MARKER, timeout=30)
-            if found.returncode == 0 and found.stdout.strip():
-                return json.loads(found.stdout)
+            try:
+                found = self.engine.containers.get(self.container("head")).exec_run(["cat", MARKER])
+            except docker.errors.APIError:  # no head yet, or not running
+                found = None
+            if found and found.exit_code == 0 and found.output.strip():
+                return json.loads(found.output)
             assert proc.poll() is None, f"the job ended before its fault step:\n{self.finish(proc)}"
             time.sleep(0.5)
         raise AssertionError(f"no marker {MARKER} within {timeout}s")

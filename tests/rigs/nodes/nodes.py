@@ -10,28 +10,31 @@ AppArmor profile, the host's cgroup tree, and a volume for the inner engine's /v
 """
 
 import argparse
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
 
+import docker
 import yaml
+
+from app.orchestrate import engine
 
 REPO = Path(__file__).resolve().parents[3]
 NODE_IMAGE = "ddp-cluster-node:bookworm"
 BUILD_SCRIPT = REPO / "tests" / "rigs" / "nodes" / "build.sh"
 LOCAL_INVENTORY = REPO / "ansible" / "inventory" / "local-nodes.yml"
-DOCKER_TIMEOUT_S = 120
-NODE_RUN_ARGS = [
-    "--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE",
-    "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
-    "--security-opt", "systempaths=unconfined",
-    "--volume", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
-]  # fmt: skip
-
-
-def docker(*args: str, check: bool = True, timeout: float = DOCKER_TIMEOUT_S) -> subprocess.CompletedProcess:
-    """Run the docker CLI and return its result (stdout/stderr as text)."""
-    return subprocess.run(["docker", *args], capture_output=True, text=True, check=check, timeout=timeout)
+NODE_HOST_CONFIG = {
+    "cap_add": ["ALL"], "cap_drop": ["SYS_RESOURCE"],
+    "security_opt": ["seccomp=unconfined", "apparmor=unconfined"],
+}  # fmt: skip
+"""The node containers' HostConfig in the SDK's words: ``docker run --cap-add ALL --cap-drop SYS_RESOURCE
+--security-opt seccomp=unconfined --security-opt apparmor=unconfined``."""
+CGROUP_BIND = "/sys/fs/cgroup:/sys/fs/cgroup:rw"
+"""The host's cgroup tree, which the node's own dockerd manages its containers in."""
+SYSTEM_PATHS_UNCONFINED = {"MaskedPaths": [], "ReadonlyPaths": []}
+"""``--security-opt systempaths=unconfined`` as the CLI sends it to the Engine API (which refuses the option's own
+words): nothing of /proc or /sys masked or read-only. The SDK's ``containers.run`` does not take these fields."""
 
 
 def names(prefix: str, count: int) -> list[str]:
@@ -39,9 +42,19 @@ def names(prefix: str, count: int) -> list[str]:
     return [f"{prefix}-node{i}" for i in range(count)]
 
 
+def exec_in(name: str, *command: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run a command in a node container (as ``docker exec NAME COMMAND``): its exit status and output as text;
+    with ``check``, a command that fails raises with its standard error."""
+    code, (out, err) = engine.client().containers.get(name).exec_run(list(command), demux=True)
+    done = subprocess.CompletedProcess(list(command), code, (out or b"").decode(), (err or b"").decode())
+    if check and code != 0:
+        raise RuntimeError(f"{' '.join(command)} in {name} exited with {code}: {done.stderr.strip()[-2000:]}")
+    return done
+
+
 def ensure_node_image() -> None:
     """Build the node image with debootstrap when the engine lacks it (about a minute)."""
-    if docker("image", "inspect", NODE_IMAGE, check=False).returncode != 0:
+    if not engine.has_image(NODE_IMAGE):
         subprocess.run([str(BUILD_SCRIPT), NODE_IMAGE], check=True, timeout=1200)
 
 
@@ -49,35 +62,40 @@ def up(prefix: str, count: int) -> list[str]:
     """Start COUNT node containers on the network PREFIX-net; returns their names."""
     ensure_node_image()
     down(prefix)
-    docker("network", "create", "--label", f"ddp-cluster.nodes={prefix}", f"{prefix}-net")
+    api = engine.client().api
+    labels = {"ddp-cluster.nodes": prefix}
+    api.create_network(f"{prefix}-net", labels=labels)
     for index, name in enumerate(names(prefix, count)):
-        docker("run", "--detach", "--name", name, "--hostname", f"node{index}", "--network", f"{prefix}-net",
-               "--label", f"ddp-cluster.nodes={prefix}", *NODE_RUN_ARGS,
-               "--volume", f"{name}-docker:/var/lib/docker", NODE_IMAGE)  # fmt: skip
+        binds = [CGROUP_BIND, f"{name}-docker:/var/lib/docker"]  # and the inner engine's images, on a volume
+        host = api.create_host_config(**NODE_HOST_CONFIG, binds=binds, network_mode=f"{prefix}-net")
+        host.update(SYSTEM_PATHS_UNCONFINED)
+        api.create_container(NODE_IMAGE, name=name, hostname=f"node{index}", labels=labels, host_config=host)
+        api.start(name)
     return names(prefix, count)
 
 
 def leftovers(prefix: str) -> list[str]:
     """Containers, volumes and networks of PREFIX that still exist."""
-    label = f"label=ddp-cluster.nodes={prefix}"
-    found = docker("ps", "-aq", "--filter", label).stdout.split()
-    found += docker("network", "ls", "-q", "--filter", label).stdout.split()
-    found += [v for v in docker("volume", "ls", "-q").stdout.split() if v.startswith(f"{prefix}-node")]
-    return found
+    client, label = engine.client(), {"label": f"ddp-cluster.nodes={prefix}"}
+    found = [c.name for c in client.containers.list(all=True, filters=label)]
+    found += [n.name for n in client.networks.list(filters=label)]
+    return found + [v.name for v in client.volumes.list() if v.name.startswith(f"{prefix}-node")]
 
 
 def down(prefix: str) -> None:
-    """Remove the node containers, their volumes and the network of PREFIX."""
-    label = f"label=ddp-cluster.nodes={prefix}"
-    containers = docker("ps", "-aq", "--filter", label).stdout.split()
-    if containers:
-        docker("rm", "--force", "--volumes", *containers, check=False)
-    volumes = [v for v in docker("volume", "ls", "-q").stdout.split() if v.startswith(f"{prefix}-node")]
-    if volumes:
-        docker("volume", "rm", "--force", *volumes, check=False)
-    networks = docker("network", "ls", "-q", "--filter", label).stdout.split()
-    if networks:
-        docker("network", "rm", *networks, check=False)  # gone already is fine: leftovers() tells
+    """Remove the node containers, their volumes and the network of PREFIX (one gone already is fine:
+    leftovers() tells what is left)."""
+    client, label = engine.client(), {"label": f"ddp-cluster.nodes={prefix}"}
+    for container in client.containers.list(all=True, filters=label):
+        with contextlib.suppress(docker.errors.APIError):
+            container.remove(force=True, v=True)
+    for volume in client.volumes.list():
+        if volume.name.startswith(f"{prefix}-node"):
+            with contextlib.suppress(docker.errors.APIError):
+                volume.remove(force=True)
+    for network in client.networks.list(filters=label):
+        with contextlib.suppress(docker.errors.APIError):
+            network.remove()
 
 
 def inventory(prefix: str, count: int) -> dict:

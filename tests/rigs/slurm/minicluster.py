@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Drive the Slurm mini-cluster (tests/rigs/slurm/compose.yaml): start it, run one batch job on it
-with real sbatch and srun, cancel, show, remove. Stdlib only, like the app's topology command.
+with real sbatch and srun, cancel, show, remove. ``docker compose`` runs the project; the containers are
+reached through the Docker SDK for Python (app/orchestrate/engine.py), which the Python running this needs.
 
     python3 -m tests.rigs.slurm.minicluster up     --image ddp-cluster-slurm:bookworm -- --nodes 2
     python3 -m tests.rigs.slurm.minicluster job    --image ... --results build/results -- --command check
@@ -13,25 +14,34 @@ from the repository's root (PYTHONPATH=. when the app is not installed), as make
 Everything after ``--`` is a cluster-spec flag of ``python -m app topology`` (``--help`` there
 lists them); the Makefile's knobs pass through as those flags (make slurm-up NODES=3). ``job``
 renders the spec's batch script (``--format sbatch``), writes it to /results/slurm on the shared
-volume, submits it as the user app with ``sbatch --parsable`` in the controller, streams the job's
-output file while it runs (bounded by the spec's time limit), prints the newest summary.json the
-job wrote under /results, copies /results to --results, and exits with the job's exit code. A job
-that did not complete shows its state, exit code and reason from ``scontrol show job`` (the
-mini-cluster has no slurmdbd, so no sacct) and the first ``error:`` line of its output.
+volume as the job user's file, submits it as that user (app) with ``sbatch --parsable`` in the
+controller, streams the job's output file while it runs (bounded by the spec's time limit), prints
+the newest summary.json the job wrote under /results, copies /results to --results, and exits with
+the job's exit code. A job that did not complete shows its state, exit code and reason from
+``scontrol show job`` (the mini-cluster has no slurmdbd, so no sacct) and the first ``error:`` line
+of its output.
 """
 
 import argparse
 import dataclasses
+import functools
+import io
 import os
 import re
 import subprocess
 import sys
+import tarfile
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import docker
+import requests
 
 from app import cli
 from app.atomic import atomic_write_text
 from app.errors import ClusterError, UsageError, exit_status_of
+from app.orchestrate import engine as docker_engine
 from app.topology import command as topology
 from app.topology import compose, slurm
 from app.topology.spec import ClusterSpec
@@ -92,11 +102,46 @@ class MiniCluster:
             raise UsageError(f"the Slurm mini-cluster {self.project} is not running: start it with make slurm-up")
         self.container = found[0]
 
-    def run(self, *cmd: str, user: str = JOB_USER, stdin: str | None = None, timeout: float = 60, check: bool = True):
-        """A command in the controller container (as the job user), as a login node would run it."""
-        interactive = ["--interactive"] if stdin is not None else []
-        exec_args = ["docker", "exec", *interactive, "--user", user, "--workdir", JOB_DIR, self.container]
-        return _run([*exec_args, *cmd], timeout, check, input=stdin)
+    @functools.cached_property
+    def engine(self) -> Any:
+        """The Docker engine as the SDK gives it (a ``docker.DockerClient``)."""
+        return docker_engine.client()
+
+    def run(self, *cmd: str, user: str = JOB_USER, check: bool = True) -> subprocess.CompletedProcess:
+        """A command in the controller container (as the job user, in the jobs' folder), as a login node would run
+        it; its exit status and output as text (the engine's request timeout bounds it)."""
+        try:
+            code, (out, err) = self.engine.containers.get(self.container).exec_run(
+                list(cmd), user=user, workdir=JOB_DIR, demux=True
+            )
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+            raise ClusterError(f"`{' '.join(cmd[:6])} ...` in {self.project}'s controller failed: {error}") from None
+        proc = subprocess.CompletedProcess(list(cmd), code, (out or b"").decode(), (err or b"").decode())
+        if check and code != 0:
+            detail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+            raise ClusterError(f"`{' '.join(cmd[:6])} ...` failed: {detail[-1] if detail else f'exit {code}'}")
+        return proc
+
+    @functools.cached_property
+    def job_owner(self) -> tuple[int, int]:
+        """The job user's uid and gid in the controller."""
+        uid, gid = self.run("sh", "-c", "id -u; id -g").stdout.split()
+        return int(uid), int(gid)
+
+    def write(self, path: str, text: str) -> None:
+        """Write a file of the job user's into the controller (its folder must exist), through the engine's archive
+        upload: no size limit, no shell in between."""
+        data = text.encode()
+        member = tarfile.TarInfo(PurePosixPath(path).name)
+        member.size, member.mode, member.mtime = len(data), 0o644, time.time()
+        member.uid, member.gid = self.job_owner
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            tar.addfile(member, io.BytesIO(data))
+        try:
+            self.engine.containers.get(self.container).put_archive(str(PurePosixPath(path).parent), archive.getvalue())
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+            raise ClusterError(f"could not write {path} in {self.project}'s controller: {error}") from None
 
 
 def _run(cmd: list[str], timeout: float, check: bool, **kwargs) -> subprocess.CompletedProcess:
@@ -116,7 +161,7 @@ def _say(text: str) -> None:
 
 def up(mc: MiniCluster) -> int:
     """Start the controller and the nodes; ready when every node is up in sinfo."""
-    if _run(["docker", "image", "inspect", mc.image], 60, False).returncode != 0:
+    if not docker_engine.has_image(mc.image):
         raise UsageError(f"image {mc.image} is missing: build it with make slurm-image")
     start = time.monotonic()
     mc.render()
@@ -139,12 +184,7 @@ def up(mc: MiniCluster) -> int:
 
 def down(mc: MiniCluster) -> int:
     mc.compose("down", "--volumes", "--remove-orphans", "--timeout", str(compose.STOP_GRACE_S), timeout=180)
-    label = f"label=com.docker.compose.project={mc.project}"
-    left = [
-        *_run(["docker", "ps", "-aq", "--filter", label], 60, True).stdout.split(),
-        *_run(["docker", "network", "ls", "-q", "--filter", label], 60, True).stdout.split(),
-        *_run(["docker", "volume", "ls", "-q", "--filter", label], 60, True).stdout.split(),
-    ]
+    left = [name for _, name in docker_engine.project_objects(mc.project)]
     if left:
         raise ClusterError(f"left behind by {mc.project}: {' '.join(left)}")
     _say(f"{mc.project} removed (containers, network, volumes)")
@@ -197,11 +237,11 @@ def _submit(mc: MiniCluster, spec: ClusterSpec) -> tuple[str, str]:
             raise UsageError(f"--script {source}: no such file")
         copy = f"{JOB_DIR}/jobs/{stamp}-{source.name}"
         mc.run("mkdir", "-p", f"{JOB_DIR}/jobs")
-        mc.run("sh", "-c", 'cat > "$1"', "sh", copy, stdin=source.read_text())
+        mc.write(copy, source.read_text())
         spec = dataclasses.replace(spec, job=dataclasses.replace(spec.job, script=copy))
     text = slurm.render_script(spec)
     path = f"{JOB_DIR}/{spec.job.name}-{stamp}.sbatch"
-    mc.run("sh", "-c", 'cat > "$1"', "sh", path, stdin=text)
+    mc.write(path, text)
     proc = mc.run("sbatch", "--parsable", path, check=False)
     if proc.returncode != 0:
         refusal = proc.stderr.strip().splitlines()[-1].removeprefix("sbatch: error: ")
@@ -234,7 +274,8 @@ def _summary(mc: MiniCluster, script: str) -> None:
 
 def _copy_results(mc: MiniCluster, results: Path) -> None:
     results.mkdir(parents=True, exist_ok=True)
-    _run(["docker", "cp", f"{mc.container}:/results/.", str(results)], 300, True)
+    if not docker_engine.copy_out(mc.container, "/results", results):
+        raise ClusterError(f"could not copy /results of {mc.project}'s controller to {results}")
     _say(f"results in {results} (the volume {mc.project}_results keeps them until make slurm-down)")
 
 
