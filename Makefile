@@ -104,7 +104,7 @@ test: host-deps ## Lint, then every test but the noise ones: unit, real processe
 	@mkdir -p build/logs; log=build/logs/test-background.log; : >$$log; start=$$EPOCHSECONDS; \
 	$(if $(TEST_BACKGROUND),$(MAKE) --no-print-directory $(TEST_BACKGROUND) >$$log 2>&1 &,true &) background=$$!; \
 	echo "$(PY) -m pytest --durations=40 $(TEST_SELECTION) $(PYTEST_ARGS)  (beside it: make $(TEST_BACKGROUND), log $$log)"; \
-	$(PY) -m pytest --durations=40 $(TEST_SELECTION) $(PYTEST_ARGS) && status=0 || status=$$?; \
+	DDP_REQUIRE_TEST_DEPS=1 $(PY) -m pytest --durations=40 $(TEST_SELECTION) $(PYTEST_ARGS) && status=0 || status=$$?; \
 	echo "test: pytest took $$((EPOCHSECONDS - start)) s"; \
 	wait $$background || { echo "error: make $(TEST_BACKGROUND) failed: see $$log" >&2; exit 1; }; \
 	[ $$status -eq 0 ] || exit $$status; \

@@ -21,7 +21,8 @@ use parsed on its own (``--inject-fault A --inject-fault B``); ``flag(short="-i"
 ``flag(positional=True)`` makes the field a positional argument (``app cluster up``); a field with
 no default is a required flag; fields with the same ``flag(exclusive="name")`` are mutually
 exclusive (argparse refuses two of them together). A bool field with a ``parse`` takes a
-value (``--check 0``) instead of ``--x/--no-x``.
+value (``--check 0``) instead of ``--x/--no-x``. ``flag(alone="on")`` lets the flag stand without a value,
+which then reads ``on`` (``--cuda-graphs`` is ``--cuda-graphs on``).
 Values are checked by the dataclass itself (``__post_init__``), so a bad one gets the same
 one-line message from the command line and from code; a ``parse`` function may raise ``UsageError``
 too, which argparse then reports as its own one-line error about that flag.
@@ -57,10 +58,11 @@ def flag(
     short: str | None = None,
     positional: bool = False,
     exclusive: str | None = None,
+    alone: str | None = None,
 ) -> dict:
     """Metadata for a field whose flag needs more than its type: a parser, how its default reads, a metavar..."""
     settings = {"parse": parse, "show": show, "metavar": metavar, "hidden": hidden}
-    shape = {"short": short, "positional": positional, "exclusive": exclusive}
+    shape = {"short": short, "positional": positional, "exclusive": exclusive, "alone": alone}
     return {FLAG: settings | {"option": option, "choices": choices, "repeat": repeat} | shape}
 
 
@@ -180,6 +182,8 @@ def add_arguments(
             _checked(settings["parse"]) if settings.get("parse") else kind if kind in (int, float, str, Path) else str
         )
         extra = {"action": "append", "default": argparse.SUPPRESS} if settings.get("repeat") else {"default": initial}
+        if settings.get("alone") is not None:
+            extra |= {"nargs": "?", "const": settings["alone"]}
         where.add_argument(
             *names,
             dest=f.name,

@@ -10,27 +10,32 @@ a TensorDataset with DistributedSampler, DDP with its defaults, ``loss.item()`` 
 the seed's complete CUDA script (seed 004, 6.4.8): AMP fp16 with GradScaler, a DataLoader with 4
 worker processes and pinned memory, ``non_blocking`` copies. The ``app train`` side runs the real
 Trainer, epoch by epoch through ``Trainer.train_epoch`` as ``fit`` does, with app train's DDP and
-speed settings (its defaults, or the same flags given here; on a GPU ``--precision fp16``, as the
-seed), its step-time exchange, rank 0's record of each step (OUT/progress, in a temp folder) and
-its TensorBoard step loss (OUT/tensorboard) on the same synthetic samples; on a GPU it also reports
-its achieved TFLOP/s per GPU and MFU (``flops``). ``--sweep`` also times each speed setting changed
-on its own, ``--compile`` and, on a GPU, ``--cuda-graphs`` among them: the choice of defaults.
+speed settings (its defaults, or the same flags given here) and its default ``--precision auto`` (on
+a GPU bf16 where it has it, else fp16 as the seed; fp32 on a CPU), its step-time exchange, rank 0's
+record of each step (OUT/progress, in a temp folder) and its TensorBoard step loss (OUT/tensorboard)
+on the same synthetic samples; on a GPU it also reports its achieved TFLOP/s per GPU and MFU
+(``flops``). ``--sweep`` also times each speed setting changed on its own, ``--compile`` and, on a
+GPU, fp16, fp32 and ``--cuda-graphs off`` among them: the choice of defaults.
 The one-process loop is app train on rank 0 alone (no DDP: a world of one), while the other
 ranks wait: perfect scaling is N times its samples/s. Each round times one epoch of every loop
-back to back, so that a busy machine slows them alike; the ratio is the median
-over rounds of app / tutorial in the same round, the scaling the median of app / (N x one process),
-the samples/s the median over rounds. Rank 0 prints samples/s of each, the ratio and the scaling.
+back to back, so that a busy machine slows them alike. Steady rates are compared: the first rounds
+warm up untimed (one, or as many as a CUDA graph's eager warm-up steps and capture take:
+``warmup_rounds``), so torch.compile's compiling and the capture are not counted. The ratio is the
+median over the timed rounds of app / tutorial in the same round, the scaling the median of app /
+(N x one process), the samples/s the median over rounds. Rank 0 prints samples/s of each, the ratio
+and the scaling.
 Started as one process, it runs itself again under torchrun with exactly the arguments it was
 given, so every flag (the speed settings, ``--ifname``, ``--timeout``...) reaches the ranks.
 """
 
 import argparse
 import json
+import math
 import re
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -54,7 +59,7 @@ from app.runtime.distributed import (
 )
 from app.runtime.relaunch import default_ranks, relaunch
 from app.topology.spec import Nodes
-from app.train import data, models, sync
+from app.train import data, graphs, models, sync
 from app.train.config import DataConfig, ModelConfig, OutputConfig, SpeedConfig, StepsConfig, TrainConfig
 from app.train.report import Reporter, format_mfu
 from app.train.trainer import Trainer
@@ -105,14 +110,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add_arguments(parser, DistConfig)
 
 
-def train_config(bench: BenchConfig, speed: SpeedConfig, device: torch.device) -> TrainConfig:
-    """app train's configuration on the benchmark's data: the seed's MLP, ``speed`` as given, app train's
-    output defaults (TensorBoard's step loss included; no console); on a GPU fp16, as the seed's CUDA script."""
+def train_config(bench: BenchConfig, speed: SpeedConfig) -> TrainConfig:
+    """app train's configuration on the benchmark's data: the seed's MLP in app train's default precision
+    (auto), ``speed`` as given, app train's output defaults (TensorBoard's step loss included; no console)."""
     return TrainConfig(
         data=DataConfig(
             dataset="synthetic", input_shape=SHAPE, train_samples=bench.samples, test_samples=bench.batch_size
         ),
-        model=ModelConfig(model="mlp", precision="fp16" if device.type == "cuda" else "fp32"),
+        model=ModelConfig(model="mlp"),
         steps=StepsConfig(batch_size=bench.batch_size),
         speed=speed,
         output=OutputConfig(out=Path("."), quiet=True),
@@ -124,9 +129,9 @@ def variants(cfg: TrainConfig, sweep: bool, device: torch.device) -> dict[str, T
     if not sweep:
         return {"app": cfg}
     found = {"app": cfg}
-    if device.type == "cuda":  # CUDA graphs take no GradScaler: bf16, against the same settings in bf16
-        bf16 = replace(cfg, model=replace(cfg.model, precision="bf16"))
-        found |= {"bf16": bf16, "bf16 cuda_graphs": replace(bf16, speed=replace(cfg.speed, cuda_graphs=True))}
+    if device.type == "cuda":  # the seed's precision (its GradScaler: eager), fp32, and the default precision eager
+        found |= {name: replace(cfg, model=replace(cfg.model, precision=name)) for name in ("fp16", "fp32")}
+        found["cuda_graphs off"] = replace(cfg, speed=replace(cfg.speed, cuda_graphs="off"))
     changes = {
         "static_graph off": {"static_graph": False},
         "gradient_as_bucket_view off": {"gradient_as_bucket_view": False},
@@ -212,8 +217,14 @@ def _app_trainer(cfg: TrainConfig, ctx: DistContext, dataset: data.Dataset, repo
     return trainer
 
 
+def warmup_rounds(trainers: Iterable[Trainer]) -> int:
+    """The untimed rounds that come first: one (compiling, the allocator, cuDNN), or as many epochs as a CUDA
+    graph's eager warm-up steps and its capture take (``graphs.WARMUP_STEPS`` + 1 steps)."""
+    return max([1, *(math.ceil((graphs.WARMUP_STEPS + 1) / len(t.loader)) for t in trainers if t.graphed)])
+
+
 def measure(ctx: DistContext, configs: dict[str, TrainConfig], rounds: int) -> dict:
-    """Warm every loop up, then time one epoch of each in turn, ``rounds`` times; medians."""
+    """Warm every loop up (``warmup_rounds``), then time one epoch of each in turn, ``rounds`` times; medians."""
     first = next(iter(configs.values()))
     dataset = data.synthetic(first.data)
     with ExitStack() as stack:
@@ -225,10 +236,11 @@ def measure(ctx: DistContext, configs: dict[str, TrainConfig], rounds: int) -> d
         runners |= {name: _trainer_epoch(trainer) for name, trainer in trainers.items()}
         runners["one process"] = _trainer_epoch(_app_trainer(first, alone, dataset, quiet) if alone else None)
         rates: dict[str, list[float]] = {name: [] for name in runners}
-        for epoch in range(rounds + 1):
+        warmup = warmup_rounds(trainers.values())  # the same on every rank: their loaders have the same length
+        for epoch in range(warmup + rounds):
             for name, runner in runners.items():
                 rate = _rate(runner, epoch, ctx)
-                if epoch > 0:  # epoch 0 warms up
+                if epoch >= warmup:
                     rates[name].append(rate)
         for trainer in trainers.values():
             trainer.reporter.close()
@@ -246,8 +258,9 @@ def measure(ctx: DistContext, configs: dict[str, TrainConfig], rounds: int) -> d
         "device": str(ctx.device),
         "samples": first.data.train_samples,
         "batch_per_rank": first.steps.batch_size,
-        "precision": first.model.precision,
+        "precision": app.cfg.model.precision,
         "rounds": rounds,
+        "warmup_rounds": warmup,
         "threads_per_rank": torch.get_num_threads(),
         "tutorial_samples_per_s": medians["tutorial"],
         "app_samples_per_s": medians["app"],
@@ -255,17 +268,18 @@ def measure(ctx: DistContext, configs: dict[str, TrainConfig], rounds: int) -> d
         "one_process_samples_per_s": medians["one process"],
         "scaling": scaling,
         **app.speed_of_light(medians["app"] / world, 1.0),
-        "app_settings": _settings(first),
+        "app_settings": _settings(app),
         "variants": {
-            name: {"samples_per_s": medians[name], "ratio": ratios[name], "settings": _settings(cfg)}
-            for name, cfg in configs.items()
+            name: {"samples_per_s": medians[name], "ratio": ratios[name], "settings": _settings(trainers[name])}
+            for name in configs
         },
         "all_rates": rates,
     }
 
 
-def _settings(cfg: TrainConfig) -> dict:
-    return vars(cfg.speed)
+def _settings(trainer: Trainer) -> dict:
+    """The speed settings a variant ran with, its auto choices made (cuda_graphs on or off)."""
+    return vars(trainer.cfg.speed)
 
 
 def _reporter(cfg: TrainConfig, is_main: bool, name: str) -> Reporter:
@@ -279,11 +293,11 @@ def _reporter(cfg: TrainConfig, is_main: bool, name: str) -> Reporter:
 def format_report(r: dict) -> str:
     s = r["app_settings"]
     ranks = f"{r['world_size']} ranks ({r['backend']} on {r['device']}, {r['threads_per_rank']} thread(s) each)"
-    data = f"{r['samples']} synthetic samples, medians of {r['rounds']} rounds"
+    data = f"{r['samples']} synthetic samples, medians of {r['rounds']} rounds after {r['warmup_rounds']} warm-up"
     app = (
         f"loader {s['loader']}, {s['optimizer_impl']} Adam, bucket {s['bucket_cap_mb']:g} MiB, "
         f"gradient_as_bucket_view {s['gradient_as_bucket_view']}, static_graph {s['static_graph']}, "
-        f"comm hook {s['comm_hook']}"
+        f"comm hook {s['comm_hook']}, cuda graphs {s['cuda_graphs']}"
     )
     cuda = r["device"].startswith("cuda")
     seed = (
@@ -304,7 +318,7 @@ def format_report(r: dict) -> str:
     ]
     lines += [
         f"  app train settings: {app}",
-        f"ratio app/{'seed' if cuda else 'tutorial'}: {r['ratio']:.2f}x (median of per-round ratios)",
+        f"ratio app/{'seed' if cuda else 'tutorial'}: {r['ratio']:.2f}x (steady rates: median of per-round ratios)",
         f"scaling app/({r['world_size']} x one process): {100 * r['scaling']:.0f}% of perfect "
         "(median of per-round ratios)",
     ]
@@ -320,7 +334,7 @@ def run(args: argparse.Namespace) -> int:
     if proc.world_size == 1 and nproc > 1:
         return relaunch("bench", nproc, args.argv, bench.launch_timeout)
     with process_group(proc, dist_cfg) as ctx, tempfile.TemporaryDirectory(prefix="ddp-bench-") as out:
-        cfg = train_config(bench, speed, ctx.device)
+        cfg = train_config(bench, speed)
         cfg = replace(cfg, output=replace(cfg.output, out=Path(out)))  # for OUT/progress and OUT/tensorboard
         report = measure(ctx, variants(cfg, bench.sweep, ctx.device), bench.rounds)
     if proc.is_main:

@@ -16,6 +16,8 @@ from app.flags import flag
 DATASETS = ("digits", "mnist", "cifar10", "synthetic")
 MODELS = ("mlp", "cnn", "resnet18", "resnet50")
 PRECISIONS = ("fp32", "bf16", "fp16")
+"""What a run trains in; --precision also takes auto (app/train/auto.py chooses one of these)."""
+CUDA_GRAPHS = ("auto", "on", "off")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 OPTIMIZER_IMPLS = ("fused", "foreach", "loop")
 LOADERS = ("memory", "dataloader")
@@ -100,12 +102,13 @@ class ModelConfig:
 
     model: str = field(default="mlp", metadata=flag(metavar="NAME"))
     """mlp (the seed's 784-256-10), cnn (small, with BatchNorm), resnet18 or resnet50 (need torchvision)."""
-    precision: str = field(default="fp32", metadata=flag(metavar="NAME"))
-    """fp32, bf16 (autocast; CPU or a GPU with bf16) or fp16 (autocast + GradScaler; CUDA only)."""
+    precision: str = field(default="auto", metadata=flag(metavar="NAME"))
+    """auto (bf16 on a GPU of compute capability 8.0 and up, fp16 on older GPUs, fp32 on CPU), fp32, bf16
+    (autocast; CPU or a GPU with bf16) or fp16 (autocast + GradScaler; CUDA only)."""
 
     def __post_init__(self) -> None:
         _one_of("--model", self.model, MODELS)
-        _one_of("--precision", self.precision, PRECISIONS)
+        _one_of("--precision", self.precision, ("auto", *PRECISIONS))
 
 
 @dataclass(frozen=True)
@@ -171,9 +174,10 @@ class SpeedConfig:
     """Optimizer steps of plain all-reduce before PowerSGD compresses (>= 2): early gradients are the sensitive ones."""
     compile: bool = False
     """torch.compile the model (after DDP: its buckets become the graph's breaks); the first steps compile."""
-    cuda_graphs: bool = False
+    cuda_graphs: str = field(default="auto", metadata=flag(metavar="auto|on|off", alone="on"))
     """Capture the whole training step (forward, backward with DDP's all-reduce, optimizer) in one CUDA graph and
-    replay it (CUDA only; --accum-steps 1, fp32 or bf16, --comm-hook none)."""
+    replay it: on (CUDA only; --accum-steps 1, fp32 or bf16, --comm-hook none, no --compile), off (eager), or
+    auto: on where it can be, else eager (the start line says why). --cuda-graphs alone is on."""
 
     def __post_init__(self) -> None:
         _one_of("--loader", self.loader, LOADERS)
@@ -186,13 +190,7 @@ class SpeedConfig:
                 f"--powersgd-warmup {self.powersgd_warmup} must be >= {POWERSGD_MIN_WARMUP}: PowerSGD's error "
                 "feedback can only start once DDP has rebuilt its buckets (after 2 steps)"
             )
-        if self.cuda_graphs and self.compile:
-            raise UsageError("--cuda-graphs with --compile: choose one (the compiled model is not captured)")
-        if self.cuda_graphs and self.comm_hook != "none":
-            raise UsageError(
-                f"--cuda-graphs with --comm-hook {self.comm_hook}: a Python comm hook runs once at capture, not at "
-                "each replay: use --comm-hook none"
-            )
+        _one_of("--cuda-graphs", self.cuda_graphs, CUDA_GRAPHS)
 
 
 @dataclass(frozen=True)
@@ -258,21 +256,61 @@ class TrainConfig:
     health: HealthConfig = field(default_factory=HealthConfig)
 
     def __post_init__(self) -> None:
-        if self.speed.cuda_graphs and self.steps.accum_steps > 1:
-            raise UsageError(
-                f"--cuda-graphs with --accum-steps {self.steps.accum_steps}: the graph is one whole optimizer step; "
-                "use --accum-steps 1 (a larger --batch-size instead)"
-            )
-        if self.speed.cuda_graphs and self.model.precision == "fp16":
-            raise UsageError(
-                "--cuda-graphs with --precision fp16: GradScaler checks for overflow on the host at every step; "
-                "use --precision bf16 (no scaler) or fp32"
-            )
+        if self.speed.cuda_graphs == "on" and (blockers := graph_blockers(self, self.model.precision)):
+            raise UsageError(blockers[0].error)
         if self.output.checkpoint_every_seconds and not self.health.exchange_every:
             raise UsageError(
                 f"--checkpoint-every-seconds {self.output.checkpoint_every_seconds:g} needs the ranks' exchange to "
                 "agree on the time: keep --exchange-every > 0, or pass --checkpoint-every-seconds 0"
             )
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """What keeps the whole step out of one CUDA graph."""
+
+    reason: str
+    """Why --cuda-graphs auto runs eagerly, in a few words for the start line."""
+    error: str
+    """The one-line error of --cuda-graphs on."""
+
+
+def graph_blockers(cfg: TrainConfig, precision: str) -> list[Blocker]:
+    """What in ``cfg`` (trained in ``precision``) keeps its step out of one CUDA graph, whatever the device; first
+    the first to fix. (The device's part: app/train/auto.py.)"""
+    found = []
+    if cfg.speed.compile:
+        found.append(
+            Blocker("--compile", "--cuda-graphs with --compile: choose one (the compiled model is not captured)")
+        )
+    if cfg.speed.comm_hook != "none":
+        found.append(
+            Blocker(
+                f"--comm-hook {cfg.speed.comm_hook} runs in Python",
+                f"--cuda-graphs with --comm-hook {cfg.speed.comm_hook}: a Python comm hook runs once at capture, not "
+                "at each replay: use --comm-hook none",
+            )
+        )
+    if cfg.steps.accum_steps > 1:
+        found.append(
+            Blocker(
+                f"--accum-steps {cfg.steps.accum_steps}",
+                f"--cuda-graphs with --accum-steps {cfg.steps.accum_steps}: the graph is one whole optimizer step; "
+                "use --accum-steps 1 (a larger --batch-size instead)",
+            )
+        )
+    if precision == "fp16":
+        named, fix = ("--precision fp16", "bf16 (no scaler) or fp32")
+        if cfg.model.precision == "auto":
+            named, fix = "--precision auto (fp16 on a GPU without bf16)", "fp32"
+        found.append(
+            Blocker(
+                "fp16's GradScaler checks for overflow on the host",
+                f"--cuda-graphs with {named}: GradScaler checks for overflow on the host at every step; "
+                f"use --precision {fix}",
+            )
+        )
+    return found
 
 
 SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(TrainConfig)}  # type: ignore[misc]

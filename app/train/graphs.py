@@ -1,4 +1,5 @@
 """The whole training step in one CUDA graph (``--cuda-graphs``): captured once, replayed at every full batch.
+The default, ``--cuda-graphs auto``, takes this path wherever the step allows it (``auto.py``).
 
     python -m app train --cuda-graphs --precision bf16 --batch-size 512          # one GPU
     torchrun --standalone --nproc-per-node 8 -m app train --cuda-graphs ...      # DDP on NCCL
@@ -18,7 +19,7 @@ model's step is made of. What torch's CUDA-graph rules ask, and how this meets t
 - static shapes and addresses: each batch is copied into the graph's own input tensors (a copy on
   the GPU); a batch of another size (an epoch's last, short one) runs eagerly, the same model and
   optimizer (a capturable optimizer also steps eagerly);
-- nothing in the step waits for the host: no GradScaler (``--precision fp16`` is refused), no
+- nothing in the step waits for the host: no GradScaler (fp16 is refused; auto trains it eagerly), no
   Python comm hook (``--comm-hook`` must be none: a hook runs once at capture), one optimizer step
   per batch (``--accum-steps 1``). Python hooks on the gradients run only at capture, so the
   straggler report's all-reduce wait is not measured with graphs (counted 0).

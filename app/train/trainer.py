@@ -26,7 +26,7 @@ TensorBoard step loss is one (``Reporter.after_step``).
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from app import progress
 from app.errors import UsageError, first_line
 from app.runtime.distributed import DistContext
-from app.train import checkpoint, comm_hooks, flops, graphs, models, sync, watch
+from app.train import auto, checkpoint, comm_hooks, flops, graphs, models, sync, watch
 from app.train import precision as amp
 from app.train.config import TrainConfig
 from app.train.data import Dataset
@@ -119,6 +119,39 @@ def build_optimizer(
     return cls(params, lr=lr, weight_decay=weight_decay, capturable=capturable, **kind)
 
 
+def run_rates(epochs: Sequence[tuple[float, float]]) -> dict:
+    """The samples/s of a run from each of its epochs' (samples, seconds), in order.
+
+    ``samples_per_s`` is the whole run's: all samples over all seconds. ``steady_samples_per_s`` leaves the first
+    epoch out: it also holds the warm-up (torch.compile's compiling, the CUDA graph's capture, cuDNN's autotuning,
+    the allocator's growth), so this is the rate the run settles at; None when the run trained one epoch only.
+    """
+    samples, seconds = (sum(e[i] for e in epochs) for i in (0, 1))
+    after = epochs[1:]
+    steady_samples, steady_seconds = (sum(e[i] for e in after) for i in (0, 1))
+    return {
+        "samples_per_s": samples / seconds if seconds else 0.0,
+        "steady_samples_per_s": (steady_samples / steady_seconds if steady_seconds else 0.0) if after else None,
+        "train_seconds": seconds,
+    }
+
+
+def modes(d: dict) -> str:
+    """What a run (``Trainer.describe``) trains in and how, for its start line: ``bf16 (auto: sm_90 has bf16),
+    cuda_graphs (auto: the whole step can be captured), channels_last`` on an H100, ``fp32 (auto: cpu)`` on a CPU
+    (where CUDA graphs are no choice to tell)."""
+    why = {name: f" (auto: {text})" for name, text in d["auto"].items()}
+    found = [d["precision"] + why.get("precision", "")]
+    found += [f"{d['comm_hook']} gradients"] if d["comm_hook"] != "none" else []
+    found += ["compile"] if d["compile"] else []
+    if d["cuda_graphs"]:
+        found.append("cuda_graphs" + why.get("cuda_graphs", ""))
+    elif "cuda_graphs" in why and d["device"].startswith("cuda"):
+        found.append("eager" + why["cuda_graphs"])
+    found += ["channels_last"] if d["channels_last"] else []
+    return ", ".join(found)
+
+
 def static_graph(cfg: TrainConfig) -> bool:
     """static_graph as configured, except with accumulation: DDP's static graph cannot begin in no_sync."""
     return cfg.speed.static_graph and cfg.steps.accum_steps == 1
@@ -160,21 +193,20 @@ class Trainer:
         step_hooks: Iterable[StepHook] = (),
         wrap_comm_hook: Callable[[comm_hooks.Hook], comm_hooks.Hook] | None = None,
     ) -> None:
-        """wrap_comm_hook: wraps the gradient communication hook before DDP gets it (see ``comm_hooks.register``)."""
+        """wrap_comm_hook: wraps the gradient communication hook before DDP gets it (see ``comm_hooks.register``).
+        ``cfg``'s auto choices are made here, for ``ctx.device``: ``self.cfg`` holds what was chosen."""
+        cfg, self.chosen = auto.resolve(cfg, ctx.device, python_hook=wrap_comm_hook is not None)
+        """Why each auto choice (--precision, --cuda-graphs) fell as it did, by field."""
         self.cfg, self.ctx, self.data, self.reporter = cfg, ctx, data, reporter
         self.step_hooks: list[StepHook] = list(step_hooks)
         """Called after each optimizer step, in order (see the module docstring)."""
         self.rank, self.world = ctx.proc.rank, ctx.proc.world_size
         o, s, speed = cfg.optim, cfg.steps, cfg.speed
         self.precision = amp.make(cfg.model.precision, ctx.device)
-        if speed.cuda_graphs and ctx.device.type != "cuda":
-            raise UsageError(
-                f"--cuda-graphs needs a CUDA GPU, and this rank trains on {ctx.device}: drop --cuda-graphs"
-            )
         fmt = models.memory_format(cfg.model.model, ctx.device)
         torch.manual_seed(s.seed)
         self.model = models.build(cfg.model.model, data.shape, data.num_classes).to(ctx.device, memory_format=fmt)
-        side = torch.cuda.Stream(ctx.device) if speed.cuda_graphs else None
+        side = torch.cuda.Stream(ctx.device) if speed.cuda_graphs == "on" else None
         with torch.cuda.stream(side) if side else nullcontext():  # DDP is built where the graph is captured
             self.ddp = wrap_ddp(self.model, ctx, cfg)
         """The model as it trains: DDP, or the model itself on a world of one."""
@@ -518,15 +550,15 @@ class Trainer:
         self._saved_at, self._save_every_s = time.monotonic(), out.checkpoint_every_seconds
         self.count_flops()
         record: dict = {}
-        totals = {"samples": 0.0, "seconds": 0.0}
+        epochs: list[tuple[float, float]] = []
+        """Each epoch's (samples, seconds) of this run."""
         go_on = not self.finished
         while go_on and self.pos.epoch < o.epochs:
             epoch = self.pos.epoch
             stats = self._train_rest()
             go_on = not stats.stopped
             record = self._epoch_record(epoch, stats)
-            totals["samples"] += record["train_samples"]
-            totals["seconds"] += record["seconds"]
+            epochs.append((record["train_samples"], record["seconds"]))
             self.reporter.epoch(record)
             self._next_epoch()
             if go_on and out.checkpoint_every_epochs and (epoch + 1) % out.checkpoint_every_epochs == 0:
@@ -535,9 +567,9 @@ class Trainer:
             self._save()
         if self.progress is not None:
             self.progress.close()
-        return self._summary(record or self.evaluate(), totals)
+        return self._summary(record or self.evaluate(), run_rates(epochs))
 
-    def _summary(self, last: dict, totals: dict) -> dict:
+    def _summary(self, last: dict, rates: dict) -> dict:
         spread = sync.param_spread(self.model, self.ctx.group)
         out = self.cfg.output.out
         return {
@@ -548,8 +580,7 @@ class Trainer:
             "test_accuracy": last["test_accuracy"],
             "test_correct": last["test_correct"],
             "test_samples": last["test_samples"],
-            "samples_per_s": totals["samples"] / totals["seconds"] if totals["seconds"] else 0.0,
-            "train_seconds": totals["seconds"],
+            **rates,
             **{k: last[k] for k in ("tflops_per_gpu", "mfu", "peak_tflops", "peak_source") if k in last},
             "params_identical": spread == 0.0,
             "param_spread": spread,
@@ -577,7 +608,8 @@ class Trainer:
             "lr": o.lr,
             "static_graph": static_graph(self.cfg),
             "compile": self.cfg.speed.compile,
-            "cuda_graphs": self.cfg.speed.cuda_graphs,
+            "cuda_graphs": self.cfg.speed.cuda_graphs == "on",
+            "auto": self.chosen,
             "channels_last": self.loader.memory_format == torch.channels_last,
             "comm_hook": self.comm.name,
             "epochs": s.epochs,
@@ -586,13 +618,12 @@ class Trainer:
         }
 
     def banner(self) -> str:
+        """The start line: the run's shape, what it trains in and how (the auto choices with their reasons)."""
         d = self.describe()
-        hook = f", {d['comm_hook']} gradients" if d["comm_hook"] != "none" else ""
-        hook += "".join(f", {name}" for name in ("compile", "cuda_graphs", "channels_last") if d[name])
         return (
             f"train: {d['model']} on {d['dataset']} ({d['train_samples']} train / {d['test_samples']} test), "
             f"{d['world_size']} rank(s) on {d['nodes']} node(s), per-rank batch {d['batch_size']} x "
             f"{d['world_size']} ranks x accum {d['accum_steps']} = global batch {d['global_batch']}, "
-            f"{d['precision']}{hook}, {d['backend']} on {d['device']}, {math.ceil(len(self.loader) / d['accum_steps'])}"
+            f"{modes(d)}, {d['backend']} on {d['device']}, {math.ceil(len(self.loader) / d['accum_steps'])}"
             " steps/epoch"
         )

@@ -5,10 +5,10 @@ Bad flags: one line, exit 2. Figures only, no timed asserts."""
 import json
 import struct
 
-import jsonschema
 import pytest
 
 from app.train.scale.report import SCHEMA
+from tests.deps import need
 from tests.integration.launchers import one_error_line, run_single, run_slurm_style
 
 pytestmark = pytest.mark.integration
@@ -24,6 +24,7 @@ def _png_size(data: bytes) -> tuple[int, int]:
 
 
 def test_one_process_measures_one_two_and_four_ranks(tmp_path) -> None:
+    jsonschema = need("jsonschema")
     report, png = tmp_path / "scale.json", tmp_path / "scale.png"
     args = ["scale", "--world-sizes", "1,2,4", *QUICK, "--json", str(report), "--plot", str(png)]
     done = run_single(args, timeout=420)
@@ -50,6 +51,7 @@ def test_one_process_measures_one_two_and_four_ranks(tmp_path) -> None:
 
 
 def test_slurm_ranks_are_measured_as_given_with_a_sweep(tmp_path) -> None:
+    jsonschema = need("jsonschema")
     report = tmp_path / "sweep.json"
     args = ["scale", *QUICK, "--sweep", "--sweep-buckets", "25,0.01", "--json", str(report)]
     results = run_slurm_style(2, args, tmp_path / "rdzv", timeout=420)

@@ -31,10 +31,11 @@ def test_bench_reports_both_loops_and_the_ratio(tmp_path) -> None:
         "powersgd_rank": 2,
         "powersgd_warmup": 10,
         "compile": False,
-        "cuda_graphs": False,
+        "cuda_graphs": "off",  # auto, chosen for the CPU
     }
     assert len(report["variants"]) == 10 and report["variants"]["compile"]["settings"]["compile"] is True
-    assert report["precision"] == "fp32" and "mfu" not in report  # MFU on GPUs only
+    assert report["precision"] == "fp32" and "mfu" not in report  # auto on a CPU; MFU on GPUs only
+    assert report["warmup_rounds"] == 1 and "after 1 warm-up" in done.stdout
     assert report["one_process_samples_per_s"] > 0 and len(rates["one process"]) == 3
     per_round = [a / (2 * o) for a, o in zip(rates["app"], rates["one process"], strict=True)]
     assert report["scaling"] == pytest.approx(statistics.median(per_round))

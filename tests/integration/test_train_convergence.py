@@ -20,7 +20,9 @@ def test_mlp_on_digits_reaches_95_percent_on_two_ranks(tmp_path) -> None:
     assert s["params_identical"] is True and s["param_spread"] == 0.0
 
     rank0, rank1 = results[0].stdout, results[1].stdout
-    assert "per-rank batch 64 x 2 ranks x accum 1 = global batch 128" in rank0
+    assert "per-rank batch 64 x 2 ranks x accum 1 = global batch 128, fp32 (auto: cpu), gloo on cpu" in rank0
+    assert s["precision"] == "fp32" and s["cuda_graphs"] is False  # the defaults (auto) on a CPU
+    assert s["steady_samples_per_s"] > 0 and f"(steady {s['steady_samples_per_s']:.0f} after the first" in rank0
     assert rank0.count("\nepoch ") == 12 and rank0.count("done: ") == 1
     assert "params identical on all ranks" in rank0
     assert rank1 == ""  # output on rank 0 only
@@ -35,6 +37,7 @@ def test_bf16_autocast_trains_on_cpu(tmp_path) -> None:
     assert [r.returncode for r in results] == [0, 0], results[0].stderr[-3000:]
     s = summary(out)
     assert s["precision"] == "bf16" and s["params_identical"] is True
+    assert s["auto"] == {"cuda_graphs": "cpu has no CUDA graphs"}  # a precision by name has no reason
     assert s["test_accuracy"] >= 0.9, s
 
 

@@ -13,10 +13,13 @@ import re
 from functools import cache
 from pathlib import Path
 
-import jsonschema
-import kubernetes_validate
 import pytest
-import yaml
+
+from tests.deps import need
+
+jsonschema = need("jsonschema")
+kubernetes_validate = need("kubernetes_validate")
+yaml = need("yaml")
 
 K8S_VERSIONS = ("1.31", "1.37")
 """Kubernetes versions the manifests are validated against (strict: unknown fields are errors): 1.31,

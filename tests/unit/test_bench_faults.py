@@ -1,7 +1,10 @@
 """``make bench-faults``' report: its figures, and the rank ends it read from the job's events (not the runner's
 lines)."""
 
-from tests.rigs.faults import bench
+from tests.deps import need
+
+need("docker")  # the Docker SDK, which the rig's module imports
+from tests.rigs.faults import bench  # noqa: E402
 
 
 def _run(training_s: float, **more: object) -> dict:

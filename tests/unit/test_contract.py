@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from app import cli, contract
 from app.diagnostics import gate
@@ -26,6 +25,7 @@ from app.orchestrate import runner
 from app.runtime import launcher
 from app.topology import command, compose, kube, trainjob
 from app.topology.spec import build
+from tests.deps import need
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_SHAPE = ("--nodes", "2", "--gpus-per-node", "8", "--nproc-per-node", "8")
@@ -102,7 +102,7 @@ def test_cluster_up_with_gpus_picks_the_cuda_image(tmp_path, gpus: int) -> None:
 def _containers(manifests: str) -> list[dict]:
     """The containers of every pod template in rendered manifests."""
     found = []
-    for doc in yaml.safe_load_all(manifests):
+    for doc in need("yaml").safe_load_all(manifests):
         found += [c for node in _walk(doc) if isinstance(node, dict) for c in node.get("containers", [])]
     return found
 
@@ -189,6 +189,7 @@ def _top(path: str) -> str:
 def test_the_files_that_cannot_import_the_contract_carry_its_paths() -> None:
     """The image (docker/Dockerfile makes the folders, docker/bin's defaults) and compose.yaml's mounts are not
     Python: each in-image path they name is the contract's, so a contract changed alone fails here."""
+    yaml = need("yaml")
     paths = {contract.JOB_DIR, contract.CLUSTER_DIR, contract.RESULTS_DIR, contract.EVENTS_DIR}
     made = re.search(r"install -d -o app -g app -m 0755 ([^\n]+)", (ROOT / "docker" / "Dockerfile").read_text())
     assert made is not None and {_top(p) for p in made[1].split()} == paths

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from app.errors import ClusterError, UsageError
 from app.orchestrate.deploy import ANSIBLE_DIR, CHECK_PLAY, DeployConfig, Failure, first_failure, parse_extravar
+from tests.deps import need
 
 
 def test_extra_vars_accept_key_value_json_values_and_json_objects() -> None:
@@ -110,7 +110,7 @@ def test_a_failure_after_the_checks_and_a_node_that_does_not_answer_are_a_failed
 
 
 def test_deploy_yml_changes_nothing_before_its_check_plays_end() -> None:
-    plays = yaml.safe_load((ANSIBLE_DIR / "deploy.yml").read_text())
+    plays = need("yaml").safe_load((ANSIBLE_DIR / "deploy.yml").read_text())
     checks = [play for play in plays if play["name"].startswith(CHECK_PLAY)]
     assert plays[: len(checks)] == checks, "the check plays come first"
     nodes = [play for play in checks if play["hosts"] == "ddp_cluster"]

@@ -145,3 +145,19 @@ def test_positional_required_and_exclusive_are_refused_by_argparse(argv: list[st
         _shaped(argv)
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@dataclass(frozen=True)
+class Switch:
+    """A flag that may stand alone."""
+
+    mode: str = field(default="auto", metadata=flag(alone="on", metavar="auto|on|off"))
+    """auto, on or off."""
+
+
+@pytest.mark.parametrize(("argv", "mode"), [([], "auto"), (["--mode"], "on"), (["--mode", "off"], "off")])
+def test_a_flag_alone_takes_its_alone_value(argv: list[str], mode: str) -> None:
+    parser = argparse.ArgumentParser(prog="x")
+    add_arguments(parser, Switch)
+    assert from_args(Switch, parser.parse_args(argv)).mode == mode
+    assert "--mode [auto|on|off]" in parser.format_help()

@@ -15,16 +15,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jsonschema
-import kubernetes_validate
 import pytest
-import yaml
 
 from app import contract
 from app.errors import UsageError
 from app.topology import kube
 from app.topology.spec import build
+from tests.deps import need
 from tests.unit import kube_checks
+
+jsonschema = need("jsonschema")
+kubernetes_validate = need("kubernetes_validate")
+yaml = need("yaml")
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"

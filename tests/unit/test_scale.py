@@ -4,7 +4,6 @@ builds from timings (the JSON Schema it promises, the text, the notes)."""
 from dataclasses import fields
 from pathlib import Path
 
-import jsonschema
 import pytest
 
 from app.cli import build_parser
@@ -14,6 +13,7 @@ from app.train.config import COMM_HOOKS, SpeedConfig, TrainConfig
 from app.train.scale import report as scale_report
 from app.train.scale.command import ScaleConfig, default_sizes, parse_buckets, parse_sizes, variants
 from app.train.scale.law import AllReduceSample, Link
+from tests.deps import need
 
 S = 814_120
 LINK = Link(busbw=2.5e8, latency=3e-4)
@@ -129,6 +129,7 @@ def _report(compute_growth: float = 1.0, exposed: float = 1.0, context: dict | N
 
 
 def test_on_a_gpu_each_point_has_its_tflops_and_mfu() -> None:
+    jsonschema = need("jsonschema")
     gpu = {**_context(), "device": "cuda:0", "flops_per_sample": 2e9, "peak_tflops": 100.0, "peak_source": "x"}
     report = _report(context=gpu)
     jsonschema.validate(report, scale_report.SCHEMA)
@@ -142,6 +143,7 @@ def test_on_a_gpu_each_point_has_its_tflops_and_mfu() -> None:
 
 
 def test_the_report_keeps_its_schema_and_its_figures() -> None:
+    jsonschema = need("jsonschema")
     report = _report()
     jsonschema.validate(report, scale_report.SCHEMA)
     none, fp16, bf16 = report["variants"]
@@ -158,6 +160,7 @@ def test_the_report_keeps_its_schema_and_its_figures() -> None:
 
 def test_a_schema_violation_is_caught() -> None:
     # Negative control for the schema: an unknown key and a missing one are refused.
+    jsonschema = need("jsonschema")
     report = _report()
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**report, "surprise": 1}, scale_report.SCHEMA)

@@ -28,6 +28,8 @@ HAS_TORCHVISION = importlib.util.find_spec("torchvision") is not None
         (["--loader", "fast"], "--loader 'fast' is not one of memory, dataloader"),
         (["--backend", "mpi"], "invalid choice"),
         (["--cuda-graphs"], "--cuda-graphs needs a CUDA GPU, and this rank trains on cpu: drop --cuda-graphs"),
+        (["--cuda-graphs", "on"], "--cuda-graphs needs a CUDA GPU, and this rank trains on cpu: drop --cuda-graphs"),
+        (["--cuda-graphs", "always"], "--cuda-graphs 'always' is not one of auto, on, off"),
         (["--cuda-graphs", "--accum-steps", "2"], "--cuda-graphs with --accum-steps 2: the graph is one whole"),
         (["--cuda-graphs", "--precision", "fp16"], "--cuda-graphs with --precision fp16: GradScaler checks"),
         (["--cuda-graphs", "--compile"], "--cuda-graphs with --compile: choose one"),

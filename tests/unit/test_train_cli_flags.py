@@ -120,6 +120,14 @@ def test_flags_reach_their_sections() -> None:
     assert cfg.data.input_shape == (3, 8, 8) and str(cfg.output.out) == "o"
 
 
+@pytest.mark.parametrize(
+    ("argv", "value"), [([], "auto"), (["--cuda-graphs"], "on"), (["--cuda-graphs", "off"], "off")]
+)
+def test_cuda_graphs_alone_is_on(argv: list[str], value: str) -> None:
+    parser, _ = build_parser("train")
+    assert config_from_args(parser.parse_args([*argv, "--epochs", "2"])).speed.cuda_graphs == value
+
+
 def test_help_keeps_the_groups_and_the_launch_examples() -> None:
     parser, _ = build_parser("train")
     text = parser.format_help()

@@ -18,7 +18,7 @@ from app.train.config import (
 def test_defaults_are_the_offline_digits_mlp_run() -> None:
     cfg = TrainConfig()
     assert (cfg.data.dataset, cfg.model.model, cfg.steps.batch_size) == ("digits", "mlp", 64)
-    assert cfg.model.precision == "fp32" and cfg.optim.optimizer == "adam" and cfg.optim.lr == 1e-3
+    assert cfg.model.precision == "auto" and cfg.optim.optimizer == "adam" and cfg.optim.lr == 1e-3
     assert cfg.speed.gradient_as_bucket_view and cfg.speed.static_graph and cfg.speed.loader == "memory"
     assert str(cfg.output.out) == "runs" and cfg.output.resume == "none"
 

@@ -13,15 +13,17 @@ broken input that it must refuse. The golden files and the built-in kinds: test_
 import copy
 
 import pytest
-import yaml
 
 from app import contract
 from app.runtime.launcher import detect
 from app.topology import trainjob
 from app.topology.spec import build
+from tests.deps import need
 from tests.unit import kube_checks
 from tests.unit.kube_trainer import trainer_pods, webhook_violations
 from tests.unit.test_kube import GPU_FLAGS, _documents, _set, _topology
+
+yaml = need("yaml")
 
 SHAPES = {"cpu": (), "gpu": GPU_FLAGS}
 """The flags of the golden files trainjob-SHAPE and trainingruntime-SHAPE."""

@@ -64,7 +64,7 @@ from app.runtime.distributed import (
     this_process,
 )
 from app.runtime.relaunch import local_gpus, relaunch
-from app.train import flops, models, precision
+from app.train import auto, flops, models, precision
 from app.train.config import (
     COMM_HOOKS,
     DataConfig,
@@ -207,7 +207,8 @@ def variant_name(speed: SpeedConfig) -> str:
 
 def variants(cfg: TrainConfig, scale: ScaleConfig) -> dict[str, TrainConfig]:
     """The configurations to measure: ``cfg``, or with --sweep every comm hook with every bucket size, and ``cfg``
-    compiled (--compile; --cuda-graphs is not swept: a captured step has no no_sync to time its compute)."""
+    compiled (--compile; --cuda-graphs is not swept: a captured step has no no_sync to time its compute, and the
+    bucket timer is a Python comm hook, so auto runs every variant eagerly)."""
     if not scale.sweep:
         return {variant_name(cfg.speed): cfg}
     found = {}
@@ -330,7 +331,8 @@ def _speed_of_light(cfg: TrainConfig, ctx: DistContext) -> dict:
     n = cfg.steps.batch_size
     x, y = data.train.x[:n].to(ctx.device), data.train.y[:n].to(ctx.device)
     top = flops.peak(ctx.device)
-    per_sample = flops.per_sample(model, x, y, precision.make(cfg.model.precision, ctx.device))
+    name, _ = auto.choose_precision(cfg.model.precision, ctx.device, auto.capability_of(ctx.device))
+    per_sample = flops.per_sample(model, x, y, precision.make(name, ctx.device))
     return {"flops_per_sample": per_sample, "peak_tflops": top.tflops, "peak_source": top.source}
 
 
