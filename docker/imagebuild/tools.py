@@ -23,8 +23,14 @@ from pathlib import Path
 from .host import BuildError, apt_install, run, say
 
 
-def ensure(venv: Path) -> Path:
-    """VENV's python, the venv made first when missing."""
+def ensure(venv: Path, docker_sdk: str) -> Path:
+    """VENV's python, the venv made first when missing, with the Docker SDK for Python ``docker==DOCKER_SDK``."""
+    python = _venv(venv)
+    ensure_docker_sdk(python, docker_sdk)
+    return python
+
+
+def _venv(venv: Path) -> Path:
     python = venv / "bin" / "python"
     if python.exists():
         return python
