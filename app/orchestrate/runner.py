@@ -45,8 +45,10 @@ Results are copied to --results.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import os
 import shlex
 import signal
 import subprocess
@@ -355,14 +357,22 @@ class Run:
 
 
 def _ends_with(stop: threading.Event, proc: subprocess.Popen) -> subprocess.Popen:
-    """``proc``, killed once ``stop`` is set: a thread blocked reading its output must not outlive the job."""
+    """``proc``, ended once ``stop`` is set: a thread blocked reading its output must not outlive the job."""
 
     def end() -> None:
         stop.wait()
-        proc.kill()
+        _end(proc)
 
     threading.Thread(target=end, daemon=True).start()
     return proc
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Kill ``proc`` and what it started (its own session): ``docker compose`` runs compose as a child plugin process,
+    which kept the pipe open for up to a minute after the CLI itself was killed."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _log_line(run: Run, service: str, rest: str) -> str:
@@ -377,14 +387,13 @@ def _log_line(run: Run, service: str, rest: str) -> str:
 def _lines(stop: threading.Event, args: list[str], follow: bool) -> Iterator[str]:
     """The output lines of ``compose logs`` (``args``); one that follows is ended once ``stop`` is set, so that no
     reader outlives the job."""
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     proc = _ends_with(stop, proc) if follow else proc
     try:
         assert proc.stdout is not None
         yield from proc.stdout
     finally:
-        proc.kill()
-        proc.wait()
+        _end(proc)
 
 
 def _follow(run: Run, stop: threading.Event, since: float) -> None:

@@ -238,11 +238,8 @@ def test_torch_output_in_any_wording_goes_to_the_log_and_changes_nothing_the_run
     class Logs:  # compose logs, as read: every node's lines, then nothing
         stdout = iter(f"head-1  | 2026-11-22T11:25:09.000Z {line}\n" for line in output.splitlines())
 
-        def kill(self) -> None: ...
-
-        def wait(self) -> None: ...
-
     monkeypatch.setattr(runner.subprocess, "Popen", lambda *_, **__: Logs())
+    monkeypatch.setattr(runner, "_end", lambda _: None)
     stop = threading.Event()
     stop.set()
     runner._follow(run, stop, 0.0)
@@ -440,3 +437,16 @@ def test_a_missing_sdk_or_engine_is_one_line_that_names_the_fix(monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:1")  # nothing listens there
     with pytest.raises(UsageError, match=r"^the Docker engine does not answer \(.*\): start it with `make engine`$"):
         engine.project_objects("demo")
+
+
+def test_a_reader_that_follows_ends_with_the_job_and_so_does_what_its_command_started():
+    """``docker compose`` runs compose as a plugin process of its own, which holds the pipe: killing the CLI alone
+    left the reader blocked for a minute after the job had ended."""
+    stop = threading.Event()
+    script = "echo first; sleep 300 & sleep 300"  # a child that keeps the pipe open, as the compose plugin does
+    lines = runner._lines(stop, ["sh", "-c", script], follow=True)
+    assert next(lines) == "first\n"
+    threading.Timer(0.5, stop.set).start()
+    start = time.monotonic()
+    assert list(lines) == []
+    assert time.monotonic() - start < 60  # bounded: without the session's kill, the reader waits out the sleep
