@@ -30,16 +30,16 @@ SDK = "docker"
 def client(timeout: float = REQUEST_TIMEOUT_S) -> Any:
     """A client of the engine that DOCKER_HOST (else the local socket) names; one line when the SDK is missing or
     the engine does not answer."""
-    try:
-        import docker
+    try:  # (from-imports: without the SDK, the repository's docker/ folder imports as an empty namespace)
+        from docker import errors, from_env
     except ImportError:
         raise UsageError(
             f"the Docker SDK for Python is missing: run the cluster with `make cluster-up` (build/tools-venv has "
             f"it), or `pip install {SDK}` into this Python"
         ) from None
     try:
-        return docker.from_env(timeout=int(timeout))
-    except docker.errors.DockerException as error:
+        return from_env(timeout=int(timeout))
+    except errors.DockerException as error:
         raise UsageError(f"the Docker engine does not answer ({_reason(error)}): start it with `make engine`") from None
 
 

@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 import time
+import types
 
 import pytest
 
@@ -430,10 +431,11 @@ def test_the_log_names_every_node_by_its_container_and_holds_plain_lines_only(ru
 
 
 def test_a_missing_sdk_or_engine_is_one_line_that_names_the_fix(monkeypatch):
-    with monkeypatch.context() as without:
-        without.setitem(sys.modules, "docker", None)  # import docker raises ImportError
-        with pytest.raises(UsageError, match=r"^the Docker SDK for Python is missing: run the cluster with `make "):
-            engine.client()
+    for stand_in in (None, types.ModuleType("docker")):  # no SDK: import fails, or finds the repository's docker/
+        with monkeypatch.context() as without:
+            without.setitem(sys.modules, "docker", stand_in)
+            with pytest.raises(UsageError, match=r"^the Docker SDK for Python is missing: run the cluster with `make "):
+                engine.client()
     monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:1")  # nothing listens there
     with pytest.raises(UsageError, match=r"^the Docker engine does not answer \(.*\): start it with `make engine`$"):
         engine.project_objects("demo")
