@@ -80,17 +80,19 @@ class Recorder:
                 self.dump(stage[0])
 
     def dump(self, doing: str) -> None:
-        """Write this rank's recorder and its main thread's stack (the folder is made if needed)."""
+        """Write this rank's main thread's stack, then its recorder (the folder is made if needed): ``read`` waits
+        for the recorders, so a recorder there means its rank's stack is there too (written after it, the stack
+        was missing now and then under load: ``no stack dump``)."""
         self.prefix.parent.mkdir(parents=True, exist_ok=True)
+        frame = sys._current_frames().get(self.main)
+        frames = [{"file": f.filename, "line": f.lineno, "name": f.name} for f in traceback.extract_stack(frame)]
+        stack = {"rank": self.rank, "doing": doing, "time": time.time(), "frames": frames}
+        atomic_write_text(stack_path(self.prefix, self.rank), json.dumps(stack) + "\n")
         if self.trace:
             path = Path(f"{self.prefix}{self.rank}")
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_bytes(_dump_fr_trace(includeCollectives=True, includeStackTraces=True, onlyActive=False))
             tmp.replace(path)
-        frame = sys._current_frames().get(self.main)
-        frames = [{"file": f.filename, "line": f.lineno, "name": f.name} for f in traceback.extract_stack(frame)]
-        stack = {"rank": self.rank, "doing": doing, "time": time.time(), "frames": frames}
-        atomic_write_text(stack_path(self.prefix, self.rank), json.dumps(stack) + "\n")
 
 
 def stack_path(prefix: Path, rank: int) -> Path:

@@ -78,3 +78,18 @@ def test_ranks_that_wrote_no_dump_are_named_in_the_flight_recorders_part(tmp_pat
 def test_no_line_without_any_dump(tmp_path) -> None:
     assert flight.read(tmp_path / "fr-rank", 3, HOSTS, wait_s=0) is None
     assert not (tmp_path / flight.ANALYSIS).exists()
+
+
+def test_a_recorder_on_disk_means_its_ranks_stack_is_there_too(tmp_path, monkeypatch) -> None:
+    """The reader waits for the recorders only: a rank's stack written after its recorder was, under load, not
+    there yet when rank 0 read it (``no stack dump`` in place of the line the hung rank was at)."""
+    prefix = tmp_path / "flight" / "fr-rank"
+
+    def recorder(**_: object) -> bytes:
+        assert flight.stack_path(prefix, 1).exists(), "the recorder was written before the stack"
+        return b"recorder"
+
+    monkeypatch.setattr(flight, "_dump_fr_trace", recorder)
+    flight.Recorder(prefix, 1, 1.0, lambda: ("forward", 0.0)).dump("forward")
+    assert Path(f"{prefix}1").read_bytes() == b"recorder"
+    assert json.loads(flight.stack_path(prefix, 1).read_text())["doing"] == "forward"
