@@ -323,4 +323,6 @@ def test_a_failure_that_repeats_stops_the_restarts_after_the_second_attempt_and_
     assert all(e["time"] <= f["time"] for e, f in zip(ended, failed, strict=True)), records
     [gave_up] = [r for r in records if r["kind"] == events.GAVE_UP]
     assert (gave_up["rank"], gave_up["reason"], gave_up["attempts"]) == (1, events.REPEATED, 2), gave_up
-    assert [r["rank"] for r in reports(done)] == [0, 0], done.stdout  # rank 0 ran to its end twice, not 4 times
+    # The attempts are counted by the records above; rank 0 reports at most once an attempt (under load the agent
+    # may stop it before it printed, when rank 1 failed first: [0] in a fresh-clone make test), never 4 times.
+    assert {r["rank"] for r in reports(done)} <= {0} and len(reports(done)) <= 2, done.stdout
