@@ -12,31 +12,34 @@ point-to-point from rank 0 to every rank and around a ring, broadcast, all_reduc
 all_gather, reduce_scatter and barrier. Rank 0 prints a table (or --json) and the exit status is
 non-zero naming the failing operation and rank. A collective that hangs fails after --timeout.
 
-Device health (app/diagnostics/health.py): first, every rank measures its own device at once for
---device-seconds: n x n matrix products (bf16 on a GPU, fp32 on a CPU) and a memory copy. The
-rank table shows TFLOP/s (GFLOP/s on CPU) and copy GB/s beside each device's name and memory.
-Nodes are judged as nodes (their ranks' median): a node that the fastest node reads 3x or more
-(health.NODE_FACTOR) fails the check (exit status 1), as
-``slow node: worker-1 (ranks 2, 3): 12.0 GFLOP/s, 6.8x below head-1's 82.0: sure, ...``; else
-``verdict: no slow node (the slowest: ...; a node is named at 3x or more)``. Ranks: the outlier
-rule of app links (below median / s^k, --k; on CPUs also below median / 3) names a slow rank
-with 3 or more ranks, as ``slow: rank 3 on node1 (cuda:1): 212.0 TFLOP/s against a median of
-690.0``; --fail-below FRACTION makes a rank below FRACTION x the median fail the check. A GPU
-below a third of its data sheet's bf16 peak fails it too.
+Device health (app/diagnostics/health.py): first, every rank measures its own device for
+--device-seconds, in rounds whose samples start on every rank at once: n x n matrix products (bf16
+on a GPU, fp32 on a CPU) and a memory copy. The rank table shows TFLOP/s (GFLOP/s on CPU) and copy
+GB/s beside each device's name and memory. Nodes are judged as nodes, round by round (their ranks'
+median in each round): a node that the round's fastest node reads 2x or more (health.NODE_FACTOR)
+in the median round fails the check (exit status 1), as ``slow node: worker-1 (ranks 2, 3): 12.0
+GFLOP/s against head-1's 82.0, 6.8x below it in the median round: sure, 2x or more in 5 of 5
+round(s) ...``; else ``verdict: no slow node (the slowest: ...; a node is named at 2x or more in
+most rounds)``. Ranks: the outlier rule of app links (below median / s^k, --k; on CPUs also below
+median / 3) names a slow rank with 3 or more ranks, as ``slow: rank 3 on node1 (cuda:1): 212.0
+TFLOP/s against a median of 690.0``; --fail-below FRACTION makes a rank below FRACTION x the median
+fail the check. A GPU below a third of its data sheet's bf16 peak fails it too.
 
 JSON (--json PATH, '-' for stdout; rank 0 writes it; keys are stable, new keys may be added):
   ok, complete        every operation verified (no slow node, no device below --fail-below); every rank reported
   world_size, nodes, backend, launcher, numel
   ranks               per rank: "rank", "local_rank", "node_rank", "host", "device", "backend",
                       "interface", "device_name" (the GPU's, or cpu), "device_memory_bytes",
-                      "matmul_flops" (FLOP/s), "copy_gbps" (null with --device-seconds 0)
+                      "matmul_flops" (FLOP/s), "copy_gbps" (null with --device-seconds 0; the
+                      medians of "matmul_flops_rounds" and "copy_gbps_rounds", each round's figure)
   device_health       null with --device-seconds 0, else: "dtype", "matmul_size" (n), "copy_bytes",
                       "k", "fail_below", "median_flops", "median_copy_gbps" (geometric medians),
                       "threshold_flops", "threshold_copy_gbps" (median / s^k; null below 3 ranks),
                       "slow" and "below_fail": [{"rank", "host", "device", "metric" ("flops" or
                       "copy_gbps"), "value", "median"}], "node_factor", "slow_nodes" and
                       "slowest_node" (null on one node): [{"host", "ranks", "device", "metric",
-                      "value" (the node's median), "fastest_host", "fastest", "factor"}],
+                      "value" (the node's median round), "fastest_host", "fastest", "factor" (in the
+                      median round), "rounds", "slow_rounds" (rounds at node_factor or more)}],
                       "below_peak": GPU ranks below a third of their data sheet's bf16 peak (they
                       fail the check): [{"rank", "host", "device", "value", "peak", "source"}]
   rendezvous          the doctor's checks, merged over ranks: [{"check", "status", "detail"}]
@@ -289,8 +292,7 @@ def _device_health(ctx: DistContext, cfg: CheckConfig, operations: list[OpResult
     an operation failed: a rank that does not answer would hang the barrier until the timeout)."""
     if cfg.device_seconds <= 0 or not all(r.ok for r in operations):
         return None
-    dist.barrier()
-    return asdict(health.measure(ctx.device, cfg.device_seconds))
+    return asdict(health.measure(ctx.device, cfg.device_seconds, together=dist.barrier))
 
 
 def _gather(ctx: DistContext, local: dict) -> list[dict] | None:
@@ -352,7 +354,12 @@ def _rank_row(report: dict) -> dict:
     """One rank's row of the report: who it is, its device and the device's figures."""
     row = {k: v for k, v in report.items() if k not in ("operations", "doctor", "health")}
     figures = report["health"] or {}
-    return row | {"matmul_flops": figures.get("flops"), "copy_gbps": figures.get("copy_gbps")}
+    return row | {
+        "matmul_flops": figures.get("flops"),
+        "copy_gbps": figures.get("copy_gbps"),
+        "matmul_flops_rounds": figures.get("flops_rounds"),
+        "copy_gbps_rounds": figures.get("copy_gbps_rounds"),
+    }
 
 
 def format_table(report: dict) -> str:

@@ -158,7 +158,7 @@ def alone(folder: Path | None) -> Iterator[None]:
 def read_record(path: Path) -> list[health.DeviceHealth] | None:
     """The figures recorded at the job's start; None when there are none (or they do not read: recorded again)."""
     try:
-        return [health.DeviceHealth(**d) for d in json.loads(path.read_text())["devices"]]
+        return [health.DeviceHealth.of(d) for d in json.loads(path.read_text())["devices"]]
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

@@ -12,22 +12,24 @@ What is measured (the same on every launcher, one device per rank, all ranks at 
   copy bandwidth      a torch copy of 256 MiB on a GPU, 64 MiB on a CPU: bytes copied / time,
                       as app comm's memcpy ceiling
 
-Each figure is the median of the rates of several samples of about a fifth of its time budget
-(``seconds`` / 2 each), after one untimed call; a sample runs until it spans at least 0.2 s, longer
-than the 100 ms period of the kernel's CPU quota, so a container limited with ``docker update
---cpus`` shows its share rather than a burst.
+The time goes in rounds (up to SAMPLES, 5 at the default 2 s): each round one sample of the product
+and one of the copy, each sample running until it spans at least 0.2 s (``seconds`` / 2 / rounds),
+longer than the 100 ms period of the kernel's CPU quota, so a container limited with ``docker update
+--cpus`` shows its share rather than a burst. A figure is the median of its rounds. ``app check``
+starts every sample on every rank at once (its barrier), so the nodes' samples share the same moments
+of the machine's load.
 
-Two verdicts. Nodes as nodes (``judge_nodes``, 2 or more hosts): a node's figure is the geometric
-median of its ranks'; a node is slow when the fastest node's figure is NODE_FACTOR (3) times its own
-or more, on either figure, and the check then fails. Noise between equal nodes reached 2.2x on a
-shared 2-core machine (CPU nodes measuring at once), a node at a third of its speed crosses 3x. An
-outlier rule over ranks cannot name a node whose ranks are half of all (2 nodes x 2 ranks: the
-rule's median falls between the slow and the fast). Ranks (``judge``): the outlier rule of ``app
-links`` (app/diagnostics/outliers.py) over each figure: with 3 or more ranks, a rank below
-median / s^k is named (on CPUs also only below median / NODE_FACTOR: ranks share the cores);
-``fail_below`` names the ranks below that fraction of the median. GPUs (``below_peak``): a rank below a
-third of its GPU's data-sheet bf16 peak (app/runtime/devices.py's table) fails the check whatever the
-others read (an H200 reads about 0.68 of its 989 TFLOP/s).
+Two verdicts. Nodes as nodes (``judge_nodes``, 2 or more hosts), round by round: a node's figure in a
+round is the geometric median of its ranks'; its factor is how many times that round's fastest node
+reads it, and a node is slow when its factor in the median round is NODE_FACTOR (2) or more, on either
+figure (the check then fails); the line says in how many rounds (why 2: NODE_FACTOR). An outlier rule
+over ranks cannot name a node whose ranks are half of all (2 nodes x 2 ranks: the rule's median falls
+between the slow and the fast). Ranks (``judge``): the outlier rule of ``app links``
+(app/diagnostics/outliers.py) over each figure: with 3 or more ranks, a rank below median / s^k is named
+(on CPUs also only below median / CPU_RANK_FLOOR: ranks share the cores); ``fail_below`` names the ranks
+below that fraction of the median. GPUs (``below_peak``): a rank below 1/PEAK_FLOOR of its GPU's data-
+sheet bf16 peak (app/runtime/devices.py's table) fails the check whatever the others read (an H200 reads
+about 0.68 of its 989 TFLOP/s).
 """
 
 import statistics
@@ -53,9 +55,14 @@ MIN_RANKS = 3
 """The outlier rule judges 3 or more ranks (fewer: only fail_below)."""
 SECONDS = 2.0
 """Default time to measure one device (app check's --device-seconds, app gate's)."""
-NODE_FACTOR = 3.0
-"""A node is slow when the fastest node reads this many times its figure or more (noise between equal CPU nodes
-on a shared 2-core machine reached 2.2x; a node at a third of its speed crosses it)."""
+NODE_FACTOR = 2.0
+"""A node is slow when the fastest node reads this many times its figure or more in the median round (equal nodes
+measured together read at most 1.65x apart on a 2-core machine beside 0-4 busy loops, a node held to a third of its
+speed 2.29x or more: docs/measuring.md)."""
+CPU_RANK_FLOOR = 3.0
+"""On CPUs the rule over ranks names a rank only below median / this too (ranks share the cores)."""
+PEAK_FLOOR = 3.0
+"""A GPU below 1/this of its data sheet's bf16 peak fails the check (an H200 reads about 0.68 of it)."""
 
 
 def matmul_dtype(device: torch.device) -> torch.dtype:
@@ -81,6 +88,16 @@ class DeviceHealth:
     """Bytes copied per second / 1e9."""
     seconds: float
     """How long the measurement took."""
+    flops_rounds: tuple[float, ...] = ()
+    """The product's rate in each round (the figure is their median)."""
+    copy_gbps_rounds: tuple[float, ...] = ()
+    """The copy's rate in each round."""
+
+    @classmethod
+    def of(cls, fields: dict) -> "DeviceHealth":
+        """From its ``asdict``, as JSON gives it back (the rounds as lists, or none in older records)."""
+        rounds = {k: tuple(fields.get(k) or ()) for k in ("flops_rounds", "copy_gbps_rounds")}
+        return cls(**(fields | rounds))
 
 
 def synchronize(device: torch.device) -> None:
@@ -88,63 +105,102 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def rate(step: Callable[[], object], work: float, device: torch.device, budget_s: float) -> float:
-    """``work`` per second of ``step``: the median over samples that share ``budget_s``, after one untimed call.
-
-    Each sample runs until it spans the sample time (at least MIN_SAMPLE_S), not a count of calls guessed from
-    one call: under a CPU quota the calibration call can be the throttled one, and five samples of the few
-    calls it implied then fitted in one quota period (a rank at 0.1 CPU read 170 GFLOP/s, twice a free node)."""
+def _calls_per_check(step: Callable[[], object], device: torch.device, sample_s: float) -> int:
+    """Warm ``step`` with one untimed call, time a second: the calls between two looks at the clock (a tenth of
+    a sample, so a sample overruns its time by a tenth at most)."""
     step()
     synchronize(device)
     start = time.perf_counter()
     step()
     synchronize(device)
     once = max(time.perf_counter() - start, 1e-9)
+    return max(1, round(sample_s / 10 / once))
+
+
+def sample(step: Callable[[], object], work: float, device: torch.device, sample_s: float, calls: int) -> float:
+    """``work`` per second of ``step``, over calls until they span ``sample_s``.
+
+    The sample runs until it spans its time, not a count of calls guessed from one call: under a CPU quota the
+    calibration call can be the throttled one, and the few calls it implied then fitted in one quota period (a rank
+    at 0.1 CPU read 170 GFLOP/s, twice a free node)."""
+    start, done, elapsed = time.perf_counter(), 0, 0.0
+    while elapsed < sample_s:
+        for _ in range(calls):
+            step()
+        synchronize(device)
+        done += calls
+        elapsed = time.perf_counter() - start
+    return work * done / elapsed
+
+
+def rate(step: Callable[[], object], work: float, device: torch.device, budget_s: float) -> float:
+    """``work`` per second of ``step``: the median over samples that share ``budget_s`` (each at least
+    MIN_SAMPLE_S), after one untimed call."""
     sample_s = max(budget_s / SAMPLES, MIN_SAMPLE_S)
-    calls = max(1, round(sample_s / once))
+    calls = _calls_per_check(step, device, sample_s)
     rates, deadline = [], time.perf_counter() + budget_s
     while len(rates) < SAMPLES and (len(rates) < 1 or time.perf_counter() < deadline):
-        start, done, elapsed = time.perf_counter(), 0, 0.0
-        while elapsed < sample_s:
-            for _ in range(calls):
-                step()
-            synchronize(device)
-            done += calls
-            elapsed = time.perf_counter() - start
-        rates.append(work * done / elapsed)
+        rates.append(sample(step, work, device, sample_s, calls))
     return statistics.median(rates)
 
 
-def matmul_flops(device: torch.device, budget_s: float, n: int | None = None) -> tuple[float, int]:
-    """(FLOP/s, n) of n x n matrix products on ``device``."""
-    n = n or MATMUL_SIZE.get(device.type, MATMUL_SIZE["cpu"])
+def _product(device: torch.device) -> tuple[Callable[[], object], float, int]:
+    """(step, FLOP per step, n): an n x n matrix product on ``device``."""
+    n = MATMUL_SIZE.get(device.type, MATMUL_SIZE["cpu"])
     a = torch.randn(n, n, device=device).to(matmul_dtype(device))
     b = torch.randn(n, n, device=device).to(matmul_dtype(device))
     out = torch.empty_like(a)
-    return rate(lambda: torch.mm(a, b, out=out), 2.0 * n**3, device, budget_s), n
+    return lambda: torch.mm(a, b, out=out), 2.0 * n**3, n
+
+
+def _copy(device: torch.device, nbytes: int) -> Callable[[], object]:
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
 
 
 def memcpy_gbps(device: torch.device, nbytes: int, budget_s: float) -> float:
     """Bytes copied per second (GB/s) by a torch copy of ``nbytes`` on ``device``."""
-    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    return rate(lambda: dst.copy_(src), nbytes, device, budget_s) / 1e9
+    return rate(_copy(device, nbytes), nbytes, device, budget_s) / 1e9
 
 
-def measure(device: torch.device, seconds: float = SECONDS) -> DeviceHealth:
-    """Measure ``device`` in about ``seconds`` (half for the product, half for the copy)."""
+def rounds_for(seconds: float) -> int:
+    """Rounds of ``measure`` in ``seconds``: SAMPLES, fewer where two samples of MIN_SAMPLE_S do not fit."""
+    return max(1, min(SAMPLES, int(seconds / (2 * MIN_SAMPLE_S))))
+
+
+def measure(
+    device: torch.device, seconds: float = SECONDS, together: Callable[[], object] | None = None
+) -> DeviceHealth:
+    """Measure ``device`` in about ``seconds``: rounds of one sample of the product and one of the copy.
+
+    ``together`` (app check's barrier) starts each sample on every rank at once: every node's samples then share
+    the same moments of the machine's load, and the node verdict compares nodes round by round (on a busy
+    2-core machine samples taken at different moments put equal nodes 3.5x apart on copy speed)."""
     start = time.perf_counter()
-    flops, n = matmul_flops(device, seconds / 2)
+    rounds = rounds_for(seconds)
+    sample_s = max(seconds / 2 / rounds, MIN_SAMPLE_S)
+    product, flop, n = _product(device)
     nbytes = COPY_BYTES.get(device.type, COPY_BYTES["cpu"])
-    gbps = memcpy_gbps(device, nbytes, seconds / 2)
+    copy = _copy(device, nbytes)
+    steps = [(product, flop, []), (copy, nbytes / 1e9, [])]
+    calls = [_calls_per_check(step, device, sample_s) for step, _, _ in steps]
+    for _ in range(rounds):
+        for (step, work, found), every in zip(steps, calls, strict=True):
+            if together is not None:
+                together()
+            found.append(sample(step, work, device, sample_s, every))
+    flops, gbps = steps[0][2], steps[1][2]
     return DeviceHealth(
         device=str(device),
         dtype=str(matmul_dtype(device)).removeprefix("torch."),
         matmul_size=n,
-        flops=flops,
+        flops=statistics.median(flops),
         copy_bytes=nbytes,
-        copy_gbps=gbps,
+        copy_gbps=statistics.median(gbps),
         seconds=time.perf_counter() - start,
+        flops_rounds=tuple(flops),
+        copy_gbps_rounds=tuple(gbps),
     )
 
 
@@ -178,7 +234,7 @@ def judge(
     figures: list[DeviceHealth], k: float = outliers.DEFAULT_K, fail_below: float | None = None, floor: float = 1.0
 ) -> Verdict:
     """Name the ranks (indices of ``figures``) whose matrix throughput or copy bandwidth is an outlier (and, with
-    ``floor``, below median / floor: NODE_FACTOR for CPU ranks, which share cores and read their noise)."""
+    ``floor``, below median / floor: CPU_RANK_FLOOR for CPU ranks, which share cores and read their noise)."""
     rules, slow, failing = {}, [], []
     for metric in METRICS:
         values = [getattr(f, metric) for f in figures]
@@ -194,30 +250,41 @@ def judge(
 
 @dataclass(frozen=True)
 class NodeFigure:
-    """One node's figure against the fastest node's."""
+    """One node's figure against the fastest node's, round by round."""
 
     host: str
     ranks: list[int]
     """Its ranks (indices of the figures judged)."""
     metric: str
     value: float
-    """The geometric median of its ranks' figures."""
+    """The median over rounds of the node's figure (the geometric median of its ranks' in that round)."""
     fastest_host: str
     fastest: float
-    """The fastest node's figure."""
-
-    @property
-    def factor(self) -> float:
-        """How many times the fastest node reads this node's figure."""
-        return self.fastest / max(self.value, 1e-12)
+    """The fastest node's figure (the highest ``value``)."""
+    factor: float
+    """The median over rounds of how many times that round's fastest node reads this node's figure."""
+    rounds: int
+    """Rounds compared (1 where the ranks' figures carry no rounds)."""
+    slow_rounds: int
+    """Rounds in which the factor was NODE_FACTOR or more."""
 
     @property
     def slow(self) -> bool:
+        """NODE_FACTOR or more in the median round: in most rounds, measured at the same moments."""
         return self.factor >= NODE_FACTOR
 
 
+def _rounds(figures: list[DeviceHealth], metric: str) -> list[list[float]]:
+    """Each rank's figure round by round; one round (the figures) where a rank has none or they differ in count."""
+    every = [list(getattr(f, f"{metric}_rounds")) for f in figures]
+    if every and every[0] and all(len(r) == len(every[0]) for r in every):
+        return every
+    return [[getattr(f, metric)] for f in figures]
+
+
 def judge_nodes(figures: list[DeviceHealth], hosts: list[str]) -> list[NodeFigure]:
-    """Each node's figures against the fastest node's, the slowest first (empty with fewer than 2 nodes)."""
+    """Each node's figures against the fastest node's, round by round, the slowest first (empty with fewer
+    than 2 nodes). A round's node figure is the geometric median of its ranks' figures in that round."""
     by_host: dict[str, list[int]] = {}
     for rank, host in enumerate(hosts):
         by_host.setdefault(host, []).append(rank)
@@ -225,12 +292,22 @@ def judge_nodes(figures: list[DeviceHealth], hosts: list[str]) -> list[NodeFigur
         return []
     found = []
     for metric in METRICS:
-        values = {
-            h: outliers.judge_values([getattr(figures[r], metric) for r in rs], 1.0, False).median
+        ranks = _rounds(figures, metric)
+        count = len(ranks[0])
+        node = {  # host -> its figure in each round
+            h: [outliers.judge_values([ranks[r][i] for r in rs], 1.0, False).median for i in range(count)]
             for h, rs in by_host.items()
         }
+        best = [max(v[i] for v in node.values()) for i in range(count)]
+        values = {h: statistics.median(v) for h, v in node.items()}
         fastest = max(values, key=values.__getitem__)
-        found += [NodeFigure(h, by_host[h], metric, v, fastest, values[fastest]) for h, v in values.items()]
+        for h, v in node.items():
+            factors = [b / max(x, 1e-12) for b, x in zip(best, v, strict=True)]
+            slow_rounds = sum(f >= NODE_FACTOR for f in factors)
+            found.append(
+                NodeFigure(h, by_host[h], metric, values[h], fastest, values[fastest], statistics.median(factors),
+                           count, slow_rounds)
+            )  # fmt: skip
     return sorted(found, key=lambda n: -n.factor)
 
 
@@ -267,16 +344,18 @@ def _node(node: NodeFigure, ranks: list[dict]) -> dict:
         "fastest_host": node.fastest_host,
         "fastest": node.fastest,
         "factor": node.factor,
+        "rounds": node.rounds,
+        "slow_rounds": node.slow_rounds,
     }
 
 
 def below_peak(ranks: list[dict]) -> list[dict]:
-    """GPU ranks whose bf16 matrix throughput is below 1/NODE_FACTOR of their GPU's data-sheet peak
+    """GPU ranks whose bf16 matrix throughput is below 1/PEAK_FLOOR of their GPU's data-sheet peak
     (app/runtime/devices.py's table; an H200 reads about 0.68 of it), whatever the other ranks read."""
     found = []
     for r in ranks:
         peak = table_peak(r.get("device_name", "")) if r["device"].startswith("cuda") else None
-        if peak is not None and r["health"]["flops"] * NODE_FACTOR < peak.tflops * 1e12:
+        if peak is not None and r["health"]["flops"] * PEAK_FLOOR < peak.tflops * 1e12:
             named = {"rank": r["rank"], "host": r["host"], "device": r["device"], "value": r["health"]["flops"]}
             found.append(named | {"peak": peak.tflops * 1e12, "source": peak.source})
     return found
@@ -284,9 +363,9 @@ def below_peak(ranks: list[dict]) -> list[dict]:
 
 def section(ranks: list[dict], k: float, fail_below: float | None) -> dict:
     """The report's ``device_health`` from every rank's ``health`` (asdict of DeviceHealth), in rank order."""
-    figures = [DeviceHealth(**r["health"]) for r in ranks]
+    figures = [DeviceHealth.of(r["health"]) for r in ranks]
     first = figures[0]
-    verdict = judge(figures, k, fail_below, floor=1.0 if first.device.startswith("cuda") else NODE_FACTOR)
+    verdict = judge(figures, k, fail_below, floor=1.0 if first.device.startswith("cuda") else CPU_RANK_FLOOR)
     nodes = judge_nodes(figures, [r["host"] for r in ranks])
     return {
         "dtype": first.dtype,
@@ -315,34 +394,40 @@ def describe_slow(entry: dict) -> str:
 
 
 def describe_node(entry: dict) -> str:
-    """``ddp-cluster-worker-1 (ranks 2, 3): 12.0 GFLOP/s, 6.8x below ddp-cluster-head-1's 82.0``."""
+    """``ddp-cluster-worker-1 (ranks 2, 3): 12.0 GFLOP/s against ddp-cluster-head-1's 82.0, 6.8x below it in the
+    median round``."""
     value = figure(entry["metric"], entry["value"], entry["device"])
     fastest = figure(entry["metric"], entry["fastest"], entry["device"]).split(" ")[0]
     ranks = ("rank " if len(entry["ranks"]) == 1 else "ranks ") + ", ".join(map(str, entry["ranks"]))
-    return f"{entry['host']} ({ranks}): {value}, {entry['factor']:.1f}x below {entry['fastest_host']}'s {fastest}"
+    return (
+        f"{entry['host']} ({ranks}): {value} against {entry['fastest_host']}'s {fastest}, "
+        f"{entry['factor']:.1f}x below it in the median round"
+    )
 
 
 def describe_peak(entry: dict) -> str:
     """``rank 3 on node1 (cuda:1): 212.0 TFLOP/s, below a third of the data sheet (H200)'s bf16 peak of 989.4``."""
     value, peak = figure("flops", entry["value"], entry["device"]), entry["peak"] / 1e12
     return (
-        f"rank {entry['rank']} on {entry['host']} ({entry['device']}): {value}, below 1/{NODE_FACTOR:g} of the "
+        f"rank {entry['rank']} on {entry['host']} ({entry['device']}): {value}, below 1/{PEAK_FLOOR:g} of the "
         f"{entry['source']}'s bf16 peak of {peak:.1f}"
     )
 
 
 def node_lines(part: dict) -> list[str]:
-    """The nodes' verdict: each slow node, or the slowest and how far it is from being named."""
+    """The nodes' verdict: each slow node and how sure (in how many rounds), or the slowest and how far it is
+    from being named."""
     factor = f"{part['node_factor']:g}x"
-    if part["slow_nodes"]:
-        return [
-            f"slow node: {describe_node(e)}: sure, beyond the {factor} that noise between equal nodes stays under"
-            for e in part["slow_nodes"]
-        ]
+    lines = []
+    for e in part["slow_nodes"]:
+        sure = "sure" if e["slow_rounds"] == e["rounds"] else "likely"
+        lines.append(f"slow node: {describe_node(e)}: {sure}, {factor} or more in {e['slow_rounds']} of {e['rounds']} "
+                     "round(s) measured at the same moments")  # fmt: skip
     slowest = part["slowest_node"]
-    if slowest is None:
-        return []
-    return [f"verdict: no slow node (the slowest: {describe_node(slowest)}; a node is named at {factor} or more)"]
+    if lines or slowest is None:
+        return lines
+    return [f"verdict: no slow node (the slowest: {describe_node(slowest)}; a node is named at {factor} or more in "
+            "most rounds)"]  # fmt: skip
 
 
 def format_lines(report: dict) -> list[str]:

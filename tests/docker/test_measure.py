@@ -8,8 +8,8 @@ on this machine's noise (tests/unit/golden/links holds the rule to recorded runs
 
 The proof that ``app check`` finds a slow node: on the default cluster (2 nodes x 2 ranks) the
 worker container's CPU is limited with ``docker update --cpus 0.1`` as soon as it runs; the worker
-must be named as a node, and only it, and the check fails. The same run without the limit is marked
-noise (make test-noise): its verdict rests on this machine's noise.
+must be named as a node, and only it, and the check fails. At a third of a CPU (three runs) and
+without a limit the verdicts rest on this machine's load: marked noise (make test-noise).
 
 Run: ``DDP_TEST_IMAGE_NAME=... .venv/bin/python -m pytest tests/docker/test_measure.py``.
 """
@@ -187,18 +187,31 @@ def test_comm_across_containers(cluster) -> None:
 
 # The check's device health on the default cluster (2 nodes x 2 ranks, torchrun's restarts off for a check):
 # the worker container limited to a tenth of a CPU as soon as it runs reads 7-14x below the head (recorded:
-# tests/unit/golden/check), far past health.NODE_FACTOR (3) whatever this machine's noise. --timeout covers the
+# tests/unit/golden/check), far past health.NODE_FACTOR (2) whatever this machine's noise. --timeout covers the
 # limited worker's slow start (torch's import at a tenth of a core).
 CHECK_ARGS = "CHECK_ARGS=--timeout 300"
 WORKER_LIMIT = ["--cpus", "0.1"]
+THIRD_LIMIT = ["--cpus", "0.33"]
+"""A third of the core that each of the 2 nodes gets on this 2-core machine: 2.29-5.62x below the head in the median
+round in 16 runs beside 0-4 busy loops (docs/measuring.md)."""
 
 
-def test_check_names_the_cpu_limited_node_and_only_it(cluster) -> None:
+def _limited_check(cluster, limit_args: list[str]) -> subprocess.CompletedProcess:
+    """``make cluster-check`` on a fresh default cluster whose worker is limited with ``docker update`` as it runs
+    (its containers removed before and after: a limit stays on a container that the next job reuses)."""
+    cluster.make("cluster-down")
+
     def limit(worker_id: str) -> None:
-        done = run(["docker", "update", *WORKER_LIMIT, worker_id], 60)
+        done = run(["docker", "update", *limit_args, worker_id], 60)
         assert done.returncode == 0, explain(done)
 
-    limited = _with_running(cluster, ["cluster-check", CHECK_ARGS], limit, service="worker-1")
+    try:
+        return _with_running(cluster, ["cluster-check", CHECK_ARGS], limit, service="worker-1")
+    finally:
+        cluster.make("cluster-down")
+
+
+def _assert_worker_named(cluster, limited: subprocess.CompletedProcess) -> None:
     report = cluster.json("check.json")
     worker = f"{cluster.project}-worker-1"
     slow = report["device_health"]["slow_nodes"]
@@ -207,11 +220,23 @@ def test_check_names_the_cpu_limited_node_and_only_it(cluster) -> None:
     assert limited.returncode != 0 and "device_health on rank 2, 3: slow node " in limited.stderr, explain(limited)
 
 
+def test_check_names_the_cpu_limited_node_and_only_it(cluster) -> None:
+    _assert_worker_named(cluster, _limited_check(cluster, WORKER_LIMIT))
+
+
+@pytest.mark.noise
+def test_check_names_a_node_at_a_third_of_its_speed_in_every_run(cluster) -> None:
+    """Marked noise (make test-noise): a third of a core is a third of the worker's speed only while the head gets
+    its own core; under make test's load the head gets less and the worker is nearer its speed (docs/measuring.md)."""
+    for _ in range(3):
+        _assert_worker_named(cluster, _limited_check(cluster, THIRD_LIMIT))
+
+
 @pytest.mark.noise
 def test_check_on_an_undisturbed_cluster_names_nothing(cluster) -> None:
-    """Marked noise (make test-noise): an undisturbed verdict holds only while the nodes' real figures stay within
-    a factor 3 (on this 2-core machine they reached 2.2x); tests/unit/test_health.py judges the rule on recorded
-    undisturbed clusters (golden/check)."""
+    """Marked noise (make test-noise): an undisturbed verdict holds only while the nodes' figures in the median round
+    stay within a factor 2 (on this 2-core machine beside 0-4 busy loops: 1.65x at most); tests/unit/test_health.py
+    judges the rule on recorded undisturbed clusters (golden/check)."""
     clean = cluster.make("cluster-check", CHECK_ARGS)
     assert clean.returncode == 0, explain(clean)
     health = cluster.json("check.json")["device_health"]

@@ -11,7 +11,7 @@
     outgoing links are slow and the verdict must name it.
 --slow-device R: rank R's device-health measurement (``app check``) does each matrix product
     and copy SLOW_DEVICE_FACTOR (10) times while counting it once, so its device reads at a tenth of its
-    speed: far below the third (health.NODE_FACTOR) that a CPU rank must be under, whatever the noise.
+    speed: far below the third (health.CPU_RANK_FLOOR) that a CPU rank must be under, whatever the noise.
 --one-core: every rank runs on the same core (the lowest this process may use), so the ranks share it
     evenly and their device figures differ by what the test injects, not by how the scheduler spread three
     ranks over two cores or what else the machine runs (two fast ranks a factor apart widen the rule's
@@ -67,17 +67,17 @@ SLOW_DEVICE_FACTOR = 10
 
 
 def _slow_device() -> None:
-    rate = health.rate
+    sample = health.sample
 
-    def slow_rate(step, work, device, budget_s):
+    def slow_sample(step, work, device, sample_s, calls):
         def repeated():
             for _ in range(SLOW_DEVICE_FACTOR - 1):
                 step()
             return step()
 
-        return rate(repeated, work, device, budget_s)
+        return sample(repeated, work, device, sample_s, calls)
 
-    health.rate = slow_rate
+    health.sample = slow_sample
 
 
 def main(argv: list[str]) -> int:
