@@ -38,20 +38,37 @@ RESUMED = "resumed"
 attempt's last step; None: unknown)."""
 GATE = "gate"
 """A node's health gate: ``verdict`` (KEPT_OUT, PASSED_AFTER or PASSED) and ``detail`` (its figures)."""
+EXCHANGE = "ranks"
+"""Rank 0 at each exchange of step times (every --exchange-every steps), as metrics.jsonl's ``ranks`` record:
+``step``, ``step_ms``, ``hosts`` and ``busy_ms`` (per rank), ``slowest_rank``, ``slowest_host``,
+``over_median_percent``, ..., and ``world_size``, ``global_batch``, ``accum_steps``, ``samples_per_s``."""
+CHECKPOINT = "checkpoint"
+"""Rank 0 saved a checkpoint, as metrics.jsonl's record: ``step``, ``epoch``, ``batch``, ``path``."""
+RESIZE = "resize"
+"""The run resumed on another number of ranks, as metrics.jsonl's record: ``from``, ``to``, ``step``,
+``global_batch``, ..."""
+TRAINING_FACTS = (EXCHANGE, CHECKPOINT, RESIZE)
+"""Records of rank 0's metrics.jsonl that are also the job's events (``app cluster status`` reads them)."""
 
 BAD_INPUT, REPEATED = "bad_input", "repeated"
 """Why an agent gave up: a rank said its input is bad (exit status 2); a rank failed the same way twice."""
 PEERS_LOST, NO_SPACE = "peers_lost", "no_space"
 """Reasons of an error: other ranks stopped answering; a disk (or quota) is full."""
+JOB_STARTED = "job_started"
+"""The cluster runner started a job (``python -m app cluster up``): ``job`` (its name), ``launcher``, ``nodes``,
+``nproc_per_node``. The records after it are that job's."""
+JOB_ENDED = "job_ended"
+"""The cluster runner's job ended: ``status`` (its exit status)."""
 KEPT_OUT, PASSED_AFTER, PASSED = "kept_out", "passed_after", "passed"
 """A gate's verdicts: kept out; let in after being kept out; let in at once."""
 
 
-def write(kind: str, rank: int | None = None, path: str | os.PathLike | None = None, **fields: object) -> None:
-    """Append one record of ``kind`` to ``path`` (default: the launcher's events file; none: nothing). A record
-    that cannot be written (a full disk) is lost, never the writer's failure."""
+def write(kind: str, rank: int | None = None, events_file: str | os.PathLike | None = None, **fields: object) -> None:
+    """Append one record of ``kind`` to ``events_file`` (default: the launcher's; none: nothing). A record that
+    cannot be written (a full disk) is lost, never the writer's failure."""
+    path = events_file
     if path is None:
-        from app.runtime import launcher  # (the runner, without torch, reads events and writes none)
+        from app.runtime import launcher  # (the runner, without torch, reads the file it names itself)
 
         path = launcher.events_file()
     if path is None:

@@ -120,6 +120,10 @@ cluster-check: ## Run `app check` across the cluster containers (torchrun, gloo)
 cluster-mpi: ## Run `app check` (or MPI_JOB/SCRIPT) with mpirun over SSH (compose profile mpi).
 	@$(CLUSTER_JOB) --launcher mpirun $(if $(SCRIPT),$(JOB_FLAGS),--command $(call quote,$(MPI_JOB)))
 
+.PHONY: cluster-status
+cluster-status: ## The job at a glance: nodes and their state, step, samples/s, slowest node, last checkpoint (JSON=1).
+	@$(call CLUSTER_RUN,status) $(if $(JSON),--json)
+
 .PHONY: cluster-logs
 cluster-logs: ## Show every cluster container's output (all ranks, init, sshd).
 	@$(call CLUSTER_RUN,logs)

@@ -109,6 +109,12 @@ def project_objects(project: str) -> list[tuple[str, str]]:
     return found + [("volume", v.name) for v in engine.volumes.list(filters=filters)]
 
 
+def project_containers(project: str) -> dict[str, str]:
+    """Every container of compose project ``project`` and the engine's state of it (running, exited, ...), by name."""
+    filters = {"label": f"com.docker.compose.project={project}"}
+    return {c.name: c.status for c in sorted(client().containers.list(all=True, filters=filters), key=lambda c: c.name)}
+
+
 def copy_out(name: str, folder: str, destination: Path) -> bool:
     """Copy what ``folder`` of the container holds into ``destination`` (as ``docker cp NAME:FOLDER/. DEST``);
     False when the container or the folder is missing."""

@@ -4,6 +4,7 @@
     python -m app cluster up --nodes 3 --nproc-per-node 1 --command check
     python -m app cluster up --max-restarts 0 --command 'train --epochs 3 --out /results/x'
     python -m app cluster up --launcher mpirun --command check   # make cluster-mpi
+    python -m app cluster status [--json]                      # make cluster-status: the job at a glance
     python -m app cluster logs                                 # make cluster-logs
     python -m app cluster down                                 # make cluster-down
 
@@ -64,6 +65,7 @@ from app.atomic import atomic_write_text
 from app.errors import ClusterError, UsageError
 from app.flags import flag
 from app.orchestrate import engine
+from app.orchestrate import status as job_status
 from app.topology import command as topology
 from app.topology import compose
 from app.topology.spec import ClusterSpec
@@ -523,8 +525,10 @@ STATE_DIR = Path("build/cluster")
 class ClusterFlags:
     """What to do with the compose cluster, and where its files go."""
 
-    action: str = field(metadata=flag(positional=True, choices=("up", "logs", "down")))
-    """Run a job, show every node's output, remove."""
+    action: str = field(metadata=flag(positional=True, choices=("up", "status", "logs", "down")))
+    """Run a job, show the job at a glance, show every node's output, remove."""
+    json: bool = False
+    """status: print JSON (for scripts) rather than the table."""
     results: Path = field(default=RESULTS_DIR, metadata=flag(metavar="DIR"))
     """Results go here."""
     state_dir: Path = field(default=STATE_DIR, metadata=flag(metavar="DIR"))
@@ -621,6 +625,8 @@ def _up(run: Run, results: Path) -> int:
     run.log(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} cluster up {spec.job.name}")  # a log holds every run's lines
     stop = threading.Event()
     start, since, offset = time.monotonic(), time.time(), events.size(compose.events_file(run.folder))
+    shape = {"launcher": spec.job.launcher, "nodes": spec.nodes.nodes, "nproc_per_node": spec.nodes.nproc_per_node}
+    events.write(events.JOB_STARTED, events_file=compose.events_file(run.folder), job=spec.job.name, **shape)
     # Detached: compose starts the store and the nodes (once the store is healthy) and returns; the
     # job's end is a node's agent ending by itself (mpirun's launcher ending), whatever is lost meanwhile.
     services = [compose.LAUNCHER] if spec.job.launcher == "mpirun" else []  # mpirun: the launcher and its workers
@@ -653,6 +659,7 @@ def _up(run: Run, results: Path) -> int:
     for thread in threads[1:]:
         thread.join(timeout=60)  # their last pass: the records and lines of this run not yet read
     status = run.gave_up.status if run.gave_up else run.status
+    events.write(events.JOB_ENDED, events_file=compose.events_file(run.folder), status=status)
     if 0 < status < 128 and not run.gave_up:
         run.unresolved()
     _collect(run, results, elapsed)
@@ -702,7 +709,9 @@ def _collect(run: Run, results: Path, elapsed: float) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the action; exit with the job's status (up), 0 (logs, down), 2 for bad input."""
+    """Run the action; exit with the job's status (up), 0 (status, logs, down), 2 for bad input."""
+    if args.action == "status":
+        return _status(topology.spec_from_args(args), args.state_dir, args.json)
     job = _prepare(args)
     if args.action == "down":
         return _down(job)
@@ -711,12 +720,29 @@ def run(args: argparse.Namespace) -> int:
             job.compose("logs", "--no-color", "--timestamps", every_profile=True), check=False
         ).returncode
         records, _ = events.read(compose.events_file(job.folder))
-        for record in records:  # what happened to the jobs, after what their nodes said
-            print(describe_event(record))
+        for record in records:  # what happened to the jobs, after what their nodes said (progress: cluster status)
+            if record.get("kind") != events.EXCHANGE:
+                print(describe_event(record))
         return status
     if args.build:
         _build(args.build, contract.flavour(job.spec.nodes.gpus_per_node))
     return _up(job, args.results)
+
+
+def _status(spec: ClusterSpec, state_dir: Path, as_json: bool) -> int:
+    """``cluster status``: the job at a glance from its events and its containers' states (nothing is rendered)."""
+    name = spec.job.name
+    path = compose.events_file((state_dir / name).resolve())
+    containers = engine.project_containers(name)
+    if not path.exists() and not containers:
+        raise UsageError(
+            f"no cluster named {name} here (no {path}, no containers of compose project {name}): start one with "
+            f"make cluster-up CLUSTER={name}, or name yours with --name"
+        )
+    records, _ = events.read(path)
+    containers.pop(compose.container(spec, compose.RENDEZVOUS), None)
+    print(job_status.show(name, records, containers, as_json))
+    return 0
 
 
 def _build(command: str, flavour: str) -> None:

@@ -93,8 +93,11 @@ class Reporter:
         self._metrics.write(json.dumps(record) + "\n")
 
     def event(self, kind: str, **fields) -> None:
-        """A record in metrics.jsonl, such as a resume or a checkpoint."""
+        """A record in metrics.jsonl, such as a resume or a checkpoint (and in the job's events, for those that
+        the host reads: ``events.TRAINING_FACTS``)."""
         self._append({"event": kind, "time": round(time.time(), 3), **fields})
+        if self.enabled and kind in events.TRAINING_FACTS:
+            events.write(kind, 0, **fields)
 
     def start(self, fields: dict, banner: str, step: int) -> None:
         """A run begins (or resumes at optimizer step ``step``): its record, its banner, its TensorBoard file."""

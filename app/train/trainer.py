@@ -422,7 +422,11 @@ class Trainer:
     def _exchange(self, step: int) -> bool:
         """Share step times (a collective); rank 0 reports the slowest rank. True: a time-based checkpoint is due."""
         record, line, since_checkpoint = self.watch.exchange(step, time.monotonic() - self._saved_at)
-        self.reporter.ranks(record, line)
+        o = self.cfg.steps
+        global_batch = o.batch_size * o.accum_steps * self.world
+        rate = 1000 * global_batch / record["step_ms"] if record["step_ms"] > 0 else 0.0
+        job = {"world_size": self.world, "global_batch": global_batch, "accum_steps": o.accum_steps}
+        self.reporter.ranks(record | job | {"samples_per_s": round(rate, 1)}, line)
         return bool(self._save_every_s) and since_checkpoint >= self._save_every_s
 
     def epoch_sums(self) -> list[float]:
@@ -557,10 +561,12 @@ class Trainer:
             epoch = self.pos.epoch
             stats = self._train_rest()
             go_on = not stats.stopped
+            between = time.perf_counter()  # the epoch's end (test set, records): not training, as a checkpoint is not
             record = self._epoch_record(epoch, stats)
             epochs.append((record["train_samples"], record["seconds"]))
             self.reporter.epoch(record)
             self._next_epoch()
+            self.watch.window.idle += time.perf_counter() - between
             if go_on and out.checkpoint_every_epochs and (epoch + 1) % out.checkpoint_every_epochs == 0:
                 self._save()
         if self._saved_step != self.pos.step:

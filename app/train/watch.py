@@ -122,6 +122,7 @@ def analyse(rows: list[list[float]], hosts: list[str], step: int, percent: float
         "over_median_percent": round(over, 1),
         "busy_ms": [round(b, 3) for b in busy],
         "data_ms": [round(d, 3) for d in data],
+        "hosts": hosts,
     }
     if over <= percent:
         return record, None

@@ -6,6 +6,7 @@ Run: ``.venv/bin/python -m pytest tests/docker`` (``make test`` runs it too).
 import argparse
 import json
 import sys
+import threading
 
 import pytest
 
@@ -20,6 +21,21 @@ pytestmark = pytest.mark.docker
 
 def hosts_of(report: dict) -> set[str]:
     return {r["host"] for r in report["ranks"]}
+
+
+def _status(project: str) -> dict:
+    """``python -m app cluster status --json`` of ``project`` (what make cluster-status prints as a table)."""
+    done = run([sys.executable, "-m", "app", "cluster", "status", "--json", "--name", project], 60)
+    assert done.returncode == 0, explain(done)
+    return json.loads(done.stdout)
+
+
+def _statuses(project: str, stop: threading.Event) -> list[dict]:
+    """The cluster's status, again and again until ``stop``."""
+    found = []
+    while not stop.wait(0.3):
+        found.append(_status(project))
+    return found
 
 
 def test_check_and_training_on_2x2_then_nothing_left(cluster):
@@ -38,13 +54,31 @@ def test_check_and_training_on_2x2_then_nothing_left(cluster):
         f"{cluster.project}-{node}" for node in ("head-1",) * 2 + ("worker-1",) * 2
     ]
 
-    train = cluster.make("cluster-up", "JOB=train --dataset digits --epochs 5 --out /results/digits")
+    seen, stop = [], threading.Event()  # cluster status while the job runs: what the job's events say
+    poller = threading.Thread(target=lambda: seen.extend(_statuses(cluster.project, stop)), daemon=True)
+    poller.start()
+    try:
+        train = cluster.make("cluster-up", "JOB=train --dataset digits --epochs 10 --out /results/digits")
+    finally:
+        stop.set()
+        poller.join(timeout=60)
     assert train.returncode == 0, explain(train)
     assert "done: " in train.stdout, "rank 0's output was not streamed\n" + explain(train)
     summary = cluster.json("digits/summary.json")
     assert summary["world_size"] == 4 and summary["nodes"] == 2
     assert summary["params_identical"] is True
     assert summary["test_accuracy"] >= 0.85, summary
+    head, worker = f"{cluster.project}-head-1", f"{cluster.project}-worker-1"
+    training = [s for s in seen if s["running"] and s["step"]]
+    assert training, seen  # at least one status between two exchanges of step times (every 20 of 60 steps)
+    both = [(head, "training", [0, 1]), (worker, "training", [2, 3])]  # (the last ones: the job's end, nodes down)
+    last = next((s for s in training if [(n["name"], n["state"], n["ranks"]) for n in s["nodes"]] == both), None)
+    assert last is not None, training
+    assert (last["world_size"], last["global_batch"], last["accum_steps"]) == (4, 256, 1) and last["samples_per_s"] > 0
+    after = _status(cluster.project)
+    assert after["running"] is False and after["ended_status"] == 0 and after["restarts"] == 0, after
+    assert {n["state"] for n in after["nodes"]} == {"idle"}
+    assert after["checkpoint"]["path"] == summary["checkpoint"] and after["step"] == summary["step"] == 60, after
     checkpoints = cluster.volume_files("digits/checkpoints")
     assert summary["checkpoint"].rsplit("/", 1)[-1] in checkpoints, checkpoints
     assert all(name.endswith(".pt") for name in checkpoints)
@@ -151,10 +185,12 @@ def test_bad_input_is_one_line_error(engine, args, message):
     assert message in proc.stderr
 
 
-def test_bad_runner_arguments_are_one_line_errors(engine):
+def test_bad_runner_arguments_are_one_line_errors(engine, tmp_path):
+    never = ["--name", "never-started", "--state-dir", str(tmp_path)]
     cases = (
         (["start"], "invalid choice: 'start'"),
         (["up", "--image", "no-such:image"], "image no-such:image is missing"),
+        (["status", *never], "no cluster named never-started here ("),
     )
     for argv, message in cases:
         proc = run([sys.executable, "-m", "app", "cluster", *argv], 60)

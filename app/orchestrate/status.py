@@ -1,0 +1,161 @@
+"""``python -m app cluster status``: a compose job at a glance, from the facts the runner reads.
+
+    python -m app cluster status              # make cluster-status: one table
+    python -m app cluster status --json       # the same facts as JSON, for scripts
+    python -m app cluster status --name NAME  # another cluster (make cluster-status CLUSTER=NAME)
+
+The facts are the job's events (``app.events``: build/cluster/<name>/events, where the runner marks a job's start
+and end, rank 0 writes each exchange of step times, checkpoint and resize, the agents the ranks that failed, the
+gates their verdicts) and the engine's state of the project's containers. Nothing is asked of the job itself: a
+status never slows or stops it, and answers while the job is stuck.
+
+Each node's state: ``training`` (its ranks were in the last exchange), ``kept out`` (its gate keeps it out),
+``restarting`` (a rank of it failed since the last exchange, or its container is being started again), ``down``
+(its container does not run), ``joining`` (it runs and its ranks are not in an exchange yet) and ``idle`` (no
+job runs).
+"""
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+
+from app import events
+
+TRAINING, KEPT_OUT, RESTARTING, DOWN, JOINING, IDLE = "training", "kept out", "restarting", "down", "joining", "idle"
+
+
+@dataclass
+class Node:
+    name: str
+    container: str
+    """The engine's state of its container: running, restarting, exited, ... (missing: none)."""
+    state: str = IDLE
+    ranks: list[int] = field(default_factory=list)
+    """Its ranks in the last exchange."""
+
+
+@dataclass
+class Status:
+    cluster: str
+    running: bool
+    """A job runs: the runner marked its start and not its end."""
+    started: float | None = None
+    """When the job started (seconds since the epoch)."""
+    ended_status: int | None = None
+    """The last job's exit status, once it ended."""
+    nodes: list[Node] = field(default_factory=list)
+    step: int | None = None
+    samples_per_s: float | None = None
+    world_size: int | None = None
+    global_batch: int | None = None
+    accum_steps: int | None = None
+    slowest: dict | None = None
+    """``host``, ``rank``, ``factor`` (its busy time per step over the median) at the last exchange."""
+    checkpoint: dict | None = None
+    """The last checkpoint: ``step``, ``path``, ``age_s``."""
+    restarts: int = 0
+    """Times the job ran again after a failure (rank 0's resumes)."""
+    resizes: int = 0
+
+
+def this_job(records: list[dict]) -> tuple[list[dict], dict | None, dict | None]:
+    """The records since the last job's start, that start, and its end (None: it runs, or none started)."""
+    starts = [i for i, r in enumerate(records) if r.get("kind") == events.JOB_STARTED]
+    if not starts:
+        return [], None, None
+    mine = records[starts[-1] :]
+    ended = next((r for r in mine if r.get("kind") == events.JOB_ENDED), None)
+    return mine, mine[0], ended
+
+
+def fold(cluster: str, records: list[dict], containers: dict[str, str], now: float) -> Status:
+    """The status of ``cluster`` from its events and its node containers' states (name -> engine state)."""
+    mine, started, ended = this_job(records)
+    status = Status(cluster, running=started is not None and ended is None)
+    status.started = started["time"] if started else None
+    status.ended_status = ended.get("status") if ended else None
+    last_exchange, failed_at, gates = None, {}, {}
+    for record in mine:
+        kind = record.get("kind")
+        if kind == events.EXCHANGE:
+            last_exchange = record
+        elif kind == events.CHECKPOINT:
+            status.checkpoint = {"step": record.get("step"), "path": record.get("path"), "time": record["time"]}
+        elif kind == events.RESIZE:
+            status.resizes += 1
+        elif kind == events.RESUMED:
+            status.restarts += 1
+        elif kind == events.WORKER_FAILED:
+            failed_at[record.get("node")] = record["time"]
+        elif kind == events.GATE:
+            gates[record.get("node")] = record.get("verdict")
+    if status.checkpoint:
+        status.checkpoint["age_s"] = round(now - status.checkpoint.pop("time"), 1)
+    hosts = (last_exchange or {}).get("hosts") or []
+    if last_exchange:
+        status.step = last_exchange.get("step")
+        status.samples_per_s = last_exchange.get("samples_per_s")
+        status.world_size = last_exchange.get("world_size")
+        status.global_batch = last_exchange.get("global_batch")
+        status.accum_steps = last_exchange.get("accum_steps")
+        median = last_exchange.get("median_busy_ms") or 0
+        factor = last_exchange.get("slowest_busy_ms", 0) / median if median else None
+        status.slowest = {"host": last_exchange.get("slowest_host"), "rank": last_exchange.get("slowest_rank"),
+                          "factor": round(factor, 2) if factor else None}  # fmt: skip
+    exchanged_at = last_exchange["time"] if last_exchange else 0.0
+    for name, container in containers.items():
+        node = Node(name, container, ranks=[r for r, h in enumerate(hosts) if h == name])
+        if not status.running:
+            node.state = IDLE
+        elif container == "restarting" or failed_at.get(name, 0.0) > exchanged_at:
+            node.state = RESTARTING
+        elif container != "running":
+            node.state = DOWN
+        elif gates.get(name) == events.KEPT_OUT:
+            node.state = KEPT_OUT
+        elif node.ranks:
+            node.state = TRAINING
+        else:
+            node.state = JOINING
+        status.nodes.append(node)
+    return status
+
+
+def to_json(status: Status) -> str:
+    return json.dumps(asdict(status), indent=2)
+
+
+def format_table(status: Status, now: float) -> str:
+    """One table: the job's line, a row per node, then the slowest node, the last checkpoint, restarts, resizes."""
+    if status.running:
+        job = f"a job runs (started {now - status.started:.0f} s ago)"
+    elif status.started is None:
+        job = "no job has run here yet"
+    else:
+        job = f"no job runs (the last one ended with exit status {status.ended_status})"
+    lines = [f"cluster {status.cluster}: {job}"]
+    if status.step is not None:
+        lines.append(
+            f"step {status.step}, {status.samples_per_s:,.0f} samples/s, {status.world_size} ranks, global batch "
+            f"{status.global_batch} (accum {status.accum_steps})"
+        )
+    width = max([len("node"), *(len(n.name) for n in status.nodes)])
+    lines += ["", f"{'node':<{width}}  {'container':<10}  {'state':<10}  ranks"]
+    for n in status.nodes:
+        ranks = ", ".join(map(str, n.ranks)) or "-"
+        lines.append(f"{n.name:<{width}}  {n.container:<10}  {n.state:<10}  {ranks}")
+    lines.append("")
+    if status.slowest and status.slowest["factor"]:
+        s = status.slowest
+        lines.append(f"slowest: {s['host']} (rank {s['rank']}), busy {s['factor']:.2f}x the median per step")
+    c = status.checkpoint
+    lines.append(f"last checkpoint: step {c['step']}, {c['age_s']:.0f} s ago ({c['path']})" if c else "no checkpoint")
+    lines.append(f"restarts {status.restarts}, resizes {status.resizes}")
+    return "\n".join(lines)
+
+
+def show(cluster: str, records: list[dict], containers: dict[str, str], as_json: bool) -> str:
+    """What ``cluster status`` prints."""
+    now = time.time()
+    found = fold(cluster, records, containers, now)
+    return to_json(found) if as_json else format_table(found, now)
