@@ -16,14 +16,15 @@ Device health (app/diagnostics/health.py): first, every rank measures its own de
 --device-seconds, in rounds whose samples start on every rank at once: n x n matrix products (bf16
 on a GPU, fp32 on a CPU) and a memory copy. The rank table shows TFLOP/s (GFLOP/s on CPU) and copy
 GB/s beside each device's name and memory. Nodes are judged as nodes, round by round (their ranks'
-median in each round): a node that the round's fastest node reads 2x or more (health.NODE_FACTOR)
-in the median round fails the check (exit status 1), as ``slow node: worker-1 (ranks 2, 3): 12.0
-GFLOP/s against head-1's 82.0, 6.8x below it in the median round: sure, 2x or more in 5 of 5
-round(s) ...``; else ``verdict: no slow node (the slowest: ...; a node is named at 2x or more in
-most rounds)``. Ranks: the outlier rule of app links (below median / s^k, --k; on CPUs also below
-median / 3) names a slow rank with 3 or more ranks, as ``slow: rank 3 on node1 (cuda:1): 212.0
-TFLOP/s against a median of 690.0``; --fail-below FRACTION makes a rank below FRACTION x the median
-fail the check. A GPU below a third of its data sheet's bf16 peak fails it too.
+sum in each round on CPUs, their median on GPUs): a node that the round's fastest node reads 2x or
+more (health.NODE_FACTOR) in the median round fails the check (exit status 1), as ``slow node:
+worker-1 (ranks 2, 3): 67.2 GFLOP/s against head-1's 323.0, 5.0x below it in the median round: sure,
+2x or more in 5 of 5 round(s) ...``; else ``verdict: no slow node (the slowest: ...; a node is named
+at 2x or more in most rounds)``. Ranks: the outlier rule of app links (below median / s^k, --k; on
+CPUs also below median / 3) names a slow rank with 3 or more ranks, as ``slow: rank 3 on node1
+(cuda:1): 212.0 TFLOP/s against a median of 690.0``; --fail-below FRACTION makes a rank below
+FRACTION x the median fail the check. A GPU below a third of its data sheet's bf16 peak fails it
+too.
 
 JSON (--json PATH, '-' for stdout; rank 0 writes it; keys are stable, new keys may be added):
   ok, complete        every operation verified (no slow node, no device below --fail-below); every rank reported

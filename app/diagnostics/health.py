@@ -20,16 +20,16 @@ starts every sample on every rank at once (its barrier), so the nodes' samples s
 of the machine's load.
 
 Two verdicts. Nodes as nodes (``judge_nodes``, 2 or more hosts), round by round: a node's figure in a
-round is the geometric median of its ranks'; its factor is how many times that round's fastest node
-reads it, and a node is slow when its factor in the median round is NODE_FACTOR (2) or more, on either
-figure (the check then fails); the line says in how many rounds (why 2: NODE_FACTOR). An outlier rule
-over ranks cannot name a node whose ranks are half of all (2 nodes x 2 ranks: the rule's median falls
-between the slow and the fast). Ranks (``judge``): the outlier rule of ``app links``
-(app/diagnostics/outliers.py) over each figure: with 3 or more ranks, a rank below median / s^k is named
-(on CPUs also only below median / CPU_RANK_FLOOR: ranks share the cores); ``fail_below`` names the ranks
-below that fraction of the median. GPUs (``below_peak``): a rank below 1/PEAK_FLOOR of its GPU's data-
-sheet bf16 peak (app/runtime/devices.py's table) fails the check whatever the others read (an H200 reads
-about 0.68 of its 989 TFLOP/s).
+round is its ranks' sum on CPUs (they share its cores), their geometric median on GPUs; its factor is
+how many times that round's fastest node reads it, and a node is slow when its factor in the median
+round is NODE_FACTOR (2) or more, on either figure (the check then fails); the line says in how many
+rounds (why 2: NODE_FACTOR). An outlier rule over ranks cannot name a node whose ranks are half of all
+(2 nodes x 2 ranks: the rule's median falls between the slow and the fast). Ranks (``judge``): the
+outlier rule of ``app links`` (app/diagnostics/outliers.py) over each figure: with 3 or more ranks, a
+rank below median / s^k is named (on CPUs also only below median / CPU_RANK_FLOOR: ranks share the
+cores); ``fail_below`` names the ranks below that fraction of the median. GPUs (``below_peak``): a rank
+below 1/PEAK_FLOOR of its GPU's data- sheet bf16 peak (app/runtime/devices.py's table) fails the check
+whatever the others read (an H200 reads about 0.68 of its 989 TFLOP/s).
 """
 
 import statistics
@@ -57,8 +57,8 @@ SECONDS = 2.0
 """Default time to measure one device (app check's --device-seconds, app gate's)."""
 NODE_FACTOR = 2.0
 """A node is slow when the fastest node reads this many times its figure or more in the median round (equal nodes
-measured together read at most 1.65x apart on a 2-core machine beside 0-4 busy loops, a node held to a third of its
-speed 2.29x or more: docs/measuring.md)."""
+measured together read at most 1.69x apart on a 2-core machine beside 0-4 busy loops, a node held to a third of its
+speed 2.27x or more: docs/measuring.md)."""
 CPU_RANK_FLOOR = 3.0
 """On CPUs the rule over ranks names a rank only below median / this too (ranks share the cores)."""
 PEAK_FLOOR = 3.0
@@ -257,7 +257,7 @@ class NodeFigure:
     """Its ranks (indices of the figures judged)."""
     metric: str
     value: float
-    """The median over rounds of the node's figure (the geometric median of its ranks' in that round)."""
+    """The median over rounds of the node's figure (``node_figure`` of its ranks' in that round)."""
     fastest_host: str
     fastest: float
     """The fastest node's figure (the highest ``value``)."""
@@ -282,9 +282,17 @@ def _rounds(figures: list[DeviceHealth], metric: str) -> list[list[float]]:
     return [[getattr(f, metric)] for f in figures]
 
 
+def node_figure(values: list[float], device: str) -> float:
+    """A node's figure from its ranks' in one round: on CPUs their sum (the ranks share the node's cores: a node
+    of 2 ranks reads half a node of 1 per rank), on GPUs their geometric median (a device per rank)."""
+    if device == "cpu":
+        return sum(values)
+    return outliers.judge_values(values, 1.0, False).median
+
+
 def judge_nodes(figures: list[DeviceHealth], hosts: list[str]) -> list[NodeFigure]:
     """Each node's figures against the fastest node's, round by round, the slowest first (empty with fewer
-    than 2 nodes). A round's node figure is the geometric median of its ranks' figures in that round."""
+    than 2 nodes). A round's node figure is ``node_figure`` of its ranks' figures in that round."""
     by_host: dict[str, list[int]] = {}
     for rank, host in enumerate(hosts):
         by_host.setdefault(host, []).append(rank)
@@ -295,7 +303,7 @@ def judge_nodes(figures: list[DeviceHealth], hosts: list[str]) -> list[NodeFigur
         ranks = _rounds(figures, metric)
         count = len(ranks[0])
         node = {  # host -> its figure in each round
-            h: [outliers.judge_values([ranks[r][i] for r in rs], 1.0, False).median for i in range(count)]
+            h: [node_figure([ranks[r][i] for r in rs], figures[rs[0]].device) for i in range(count)]
             for h, rs in by_host.items()
         }
         best = [max(v[i] for v in node.values()) for i in range(count)]

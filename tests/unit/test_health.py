@@ -127,10 +127,10 @@ def test_a_node_whose_ranks_are_half_of_all_is_named_as_a_node() -> None:
         ("worker", [2, 3], "flops"),
         ("worker", [2, 3], "copy_gbps"),
     ]
-    assert part["slow_nodes"][0]["factor"] == pytest.approx((76.0 * 89.0) ** 0.5 / (11.8 * 12.2) ** 0.5)
+    assert part["slow_nodes"][0]["factor"] == pytest.approx((76.0 + 89.0) / (11.8 + 12.2))  # a CPU node: its ranks' sum
     report = {"device_health": part, "world_size": 4}
     assert health.format_lines(report)[1] == (
-        "slow node: worker (ranks 2, 3): 12.0 GFLOP/s against head's 82.2, 6.9x below it in the median round: sure, "
+        "slow node: worker (ranks 2, 3): 24.0 GFLOP/s against head's 165.0, 6.9x below it in the median round: sure, "
         "2x or more in 1 of 1 round(s) measured at the same moments"
     )  # figures without rounds (recorded before them): one round
     assert [f["ranks"] for f in health.failures(report)] == [[2, 3], [2, 3]]
@@ -141,7 +141,7 @@ def test_nodes_within_the_factor_are_not_named_and_the_line_says_how_far_the_slo
     part = health.section(_ranks(figures, ["head", "head", "worker", "worker"]), 3.0, None)
     assert part["slow_nodes"] == []
     assert health.node_lines(part) == [
-        "verdict: no slow node (the slowest: worker (ranks 2, 3): 42.4 GFLOP/s against head's 74.8, 1.8x below it "
+        "verdict: no slow node (the slowest: worker (ranks 2, 3): 85.0 GFLOP/s against head's 150.0, 1.8x below it "
         "in the median round; a node is named at 2x or more in most rounds)"
     ]
 
@@ -219,13 +219,12 @@ def test_a_recorded_worker_at_a_third_or_a_tenth_of_a_cpu_is_named_as_a_node_and
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in GOLDEN.glob("*-loops-*.json")))
-def test_recorded_rounds_are_judged_round_by_round_and_agree_with_the_report_they_came_from(name: str) -> None:
-    # Recorded with rounds (5 at the default 2 s): the verdict replayed here is the one the cluster printed.
-    report = json.loads((GOLDEN / name).read_text())
+def test_recorded_rounds_are_judged_round_by_round_in_most_of_them(name: str) -> None:
+    # Recorded with rounds (5 at the default 2 s): the worker at a third is slow in most rounds, nothing else is.
     part = health.section(recorded(name), outliers.DEFAULT_K, None)
-    assert part["slowest_node"]["rounds"] == health.SAMPLES
-    assert part["slowest_node"]["factor"] == pytest.approx(report["device_health"]["slowest_node"]["factor"])
-    assert bool(part["slow_nodes"]) == name.startswith("worker-at-")
+    slowest = part["slowest_node"]
+    assert slowest["rounds"] == health.SAMPLES
+    assert (slowest["slow_rounds"] > health.SAMPLES // 2) == bool(part["slow_nodes"]) == name.startswith("worker-at-")
 
 
 def test_nodes_are_compared_round_by_round_so_load_that_moves_between_rounds_names_nobody() -> None:
@@ -249,10 +248,24 @@ def test_a_node_slow_in_most_rounds_is_named_and_the_line_says_in_how_many() -> 
     assert (named["host"], named["rounds"], named["slow_rounds"]) == ("w", 5, 3)
     assert named["factor"] == pytest.approx(4.5)
     line = health.node_lines(part)[0]
-    assert line.startswith("slow node: w (ranks 2, 3): 20.0 GFLOP/s against h's 90.0, 4.5x below it in the median")
+    assert line.startswith("slow node: w (ranks 2, 3): 40.0 GFLOP/s against h's 180.0, 4.5x below it in the median")
     assert f"likely, {health.NODE_FACTOR:g}x or more in 3 of 5 round(s)" in line
     always = health.section(_ranks(_rounds([fast, fast, [20.0] * 5, [20.0] * 5]), ["h", "h", "w", "w"]), 3.0, None)
     assert f": sure, {health.NODE_FACTOR:g}x or more in 5 of 5 round(s)" in health.node_lines(always)[0]
     twice = [20.0, 20.0, 85.0, 85.0, 88.0]  # slow in 2 rounds of 5: a busy moment, not a slow node
     part = health.section(_ranks(_rounds([fast, fast, twice, twice]), ["h", "h", "w", "w"]), 3.0, None)
     assert part["slow_nodes"] == [] and part["slowest_node"]["slow_rounds"] == 2
+
+
+def test_cpu_nodes_with_different_rank_counts_are_judged_by_what_the_node_does_gpu_nodes_by_their_devices() -> None:
+    # A fresh-clone make test's Ansible job of 2 + 1 ranks: node0's two ranks shared its cores (43.5 GFLOP/s a node
+    # by the ranks' median, 87 in all) and node1's one had them alone (86.4): equal nodes, not a slow one.
+    cpu = [
+        DeviceHealth("cpu", "float32", 512, f * 1e9, 64 << 20, c, 2.0, (f * 1e9,) * 5, (c,) * 5)
+        for f, c in ((43.5, 2.0), (43.5, 2.0), (86.4, 4.1))
+    ]
+    part = health.section(_ranks(cpu, ["node0", "node0", "node1"]), 3.0, None)
+    assert part["slow_nodes"] == [] and part["slowest_node"]["factor"] < 1.1
+    assert health.node_figure([43.5, 43.5], "cpu") == 87.0
+    # On GPUs each rank has a device: a node is as fast as its devices, not their count.
+    assert health.node_figure([700e12, 700e12], "cuda:0") == pytest.approx(700e12)
