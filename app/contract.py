@@ -20,6 +20,9 @@ RENDEZVOUS_PORT = 29500
 PET_MASTER_PORT): used wherever a launcher or a spec gives none."""
 C10D_PORT = 29400
 """torchrun's port of a c10d --rdzv-endpoint given without one."""
+METRICS_PORT = 9473
+"""Where every node of a job serves its Prometheus metrics (app/metrics.py: ``app node --serve-metrics``), on the
+cluster network only (9400 is DCGM exporter's, 9100 node exporter's)."""
 
 JOB_DIR = "/job"
 """In the image: where a user's script folder is mounted read-only (compose, Kubernetes)."""

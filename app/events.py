@@ -37,7 +37,8 @@ RESUMED = "resumed"
 """Rank 0 resumed training: ``from_step``, ``checkpoint`` (None: from the start), ``reached`` (the failed
 attempt's last step; None: unknown)."""
 GATE = "gate"
-"""A node's health gate: ``verdict`` (KEPT_OUT, PASSED_AFTER or PASSED) and ``detail`` (its figures)."""
+"""A node's health gate: ``verdict`` (RECORDED, KEPT_OUT, PASSED_AFTER or PASSED), ``detail`` (its figures, as its
+line says them) and ``figures`` (per device: ``device``, ``flops`` in FLOP/s, ``copy_gbps``)."""
 EXCHANGE = "ranks"
 """Rank 0 at each exchange of step times (every --exchange-every steps), as metrics.jsonl's ``ranks`` record:
 ``step``, ``step_ms``, ``hosts`` and ``busy_ms`` (per rank), ``slowest_rank``, ``slowest_host``,
@@ -59,8 +60,9 @@ JOB_STARTED = "job_started"
 ``nproc_per_node``. The records after it are that job's."""
 JOB_ENDED = "job_ended"
 """The cluster runner's job ended: ``status`` (its exit status)."""
-KEPT_OUT, PASSED_AFTER, PASSED = "kept_out", "passed_after", "passed"
-"""A gate's verdicts: kept out; let in after being kept out; let in at once."""
+RECORDED, KEPT_OUT, PASSED_AFTER, PASSED = "recorded", "kept_out", "passed_after", "passed"
+"""A gate's verdicts: its figures recorded at the job's start; kept out; let in after being kept out; let in at
+once."""
 
 
 def write(kind: str, rank: int | None = None, events_file: str | os.PathLike | None = None, **fields: object) -> None:

@@ -282,6 +282,11 @@ def passed(judged: Judged, start: list[health.DeviceHealth], took: str) -> str:
     return f"gate: passed {took}: {judged_figures(judged, start)}"
 
 
+def event_figures(figures: list[health.DeviceHealth]) -> list[dict]:
+    """The figures a gate event carries: each device's ``device``, ``flops`` (FLOP/s) and ``copy_gbps``."""
+    return [{"device": d.device, "flops": d.flops, "copy_gbps": d.copy_gbps} for d in figures]
+
+
 def judged_figures(judged: Judged, start: list[health.DeviceHealth]) -> str:
     """``cpu 35.0 GFLOP/s, 3.1 GB/s copy against the job's cpu 36.2 GFLOP/s, 3.0 GB/s copy`` (and the transfer)."""
     moved = f"; {judged.transfer}" if judged.transfer else ""
@@ -308,22 +313,27 @@ def admit(cfg: GateConfig, where: Rendezvous | None) -> None:
     path = cfg.records / f"{mine.host}.json"
     start = read_record(path)
     if start is None:
-        print(record(path, mine.host, measure(cfg.device_seconds, cfg.records)), flush=True)
+        figures = measure(cfg.device_seconds, cfg.records)
+        print(record(path, mine.host, figures), flush=True)
+        events.write(events.GATE, verdict=events.RECORDED, detail=describe(figures), figures=event_figures(figures))
         return
     start = job_figures(start, read_records(cfg.records))
     judged = judge(cfg, mine, where, start)
     if judged.why is None:
         print(passed(judged, start, f"in {time.monotonic() - began:.1f} s"), flush=True)
-        events.write(events.GATE, verdict=events.PASSED, detail=judged_figures(judged, start))
+        events.write(events.GATE, verdict=events.PASSED, detail=judged_figures(judged, start),
+                     figures=event_figures(judged.figures))  # fmt: skip
         return
     if not cfg.retry_every:
         raise ClusterError(f"{mine.host} kept out: {judged.why}", KEPT_OUT)
     print(f"gate: kept out: {judged.why}; tried again every {cfg.retry_every:g} s", flush=True)
-    events.write(events.GATE, verdict=events.KEPT_OUT, detail=judged.why, retry_every=cfg.retry_every)
+    events.write(events.GATE, verdict=events.KEPT_OUT, detail=judged.why, retry_every=cfg.retry_every,
+                 figures=event_figures(judged.figures))  # fmt: skip
     kept = time.monotonic()
     while judged.why is not None:
         time.sleep(cfg.retry_every)
         judged = judge(cfg, mine, where, start)
     waited = round(time.monotonic() - kept)
     print(passed(judged, start, f"after {waited} s kept out"), flush=True)
-    events.write(events.GATE, verdict=events.PASSED_AFTER, detail=judged_figures(judged, start), waited=waited)
+    events.write(events.GATE, verdict=events.PASSED_AFTER, detail=judged_figures(judged, start), waited=waited,
+                 figures=event_figures(judged.figures))  # fmt: skip

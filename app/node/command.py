@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from app import cli, events, flags
+from app import cli, contract, events, flags, metrics
 from app.diagnostics.gate_config import GateConfig
 from app.errors import ClusterError, Stopped, UsageError, first_line
 from app.node import agent
@@ -61,6 +61,11 @@ class NodeConfig:
 
     fork: bool = True
     """Fork each rank from one server that imported torch once (off: a new interpreter per rank, as torchrun)."""
+    serve_metrics: bool = False
+    """Serve the node's Prometheus metrics (app/metrics.py) on --metrics-port, read from the job's events file
+    (the image's ddp-node does, on every engine)."""
+    metrics_port: int = contract.METRICS_PORT
+    """The port of --serve-metrics, on the node's --local-addr (else every address of the node)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     from app.diagnostics import gate  # torch
 
     parsed = agent.parse(words)
+    if node.serve_metrics:
+        print(serve_metrics(node.metrics_port, parsed), flush=True)
     if store := survivors_store(parsed):
         launcher.export_survivors_store(store)
     launch = agent.prepare(parsed, rank_main, server)  # (torch here read its threads already)
@@ -102,6 +109,16 @@ def run(args: argparse.Namespace) -> int:
     except RendezvousError as error:
         raise ClusterError(rendezvous_failed(error, parsed)) from error
     return 0
+
+
+def serve_metrics(port: int, parsed: argparse.Namespace) -> str:
+    """Serve this node's metrics for the job of torchrun's ``parsed`` arguments (its --rdzv-id names the job); the
+    line that says where, or why not (the job goes on either way)."""
+    events_file = launcher.events_file()
+    if events_file is None:
+        return "metrics: not served: this job keeps no events file (the engines' nodes do: DDP_CLUSTER_EVENTS_FILE)"
+    host = launcher.this_node().host
+    return metrics.serve(port, parsed.local_addr or "0.0.0.0", parsed.rdzv_id, host, Path(events_file))
 
 
 def survivors_store(parsed: argparse.Namespace) -> str | None:

@@ -59,11 +59,13 @@ class Status:
 
 
 def this_job(records: list[dict]) -> tuple[list[dict], dict | None, dict | None]:
-    """The records since the last job's start, that start, and its end (None: it runs, or none started)."""
+    """The records since the last job's start, that start, and its end (None: it runs, or none ended). Without a
+    start (a node run without the cluster runner: ``app node``, an Ansible or Kubernetes node) every record is the
+    job's."""
     starts = [i for i, r in enumerate(records) if r.get("kind") == events.JOB_STARTED]
+    mine = records[starts[-1] :] if starts else records
     if not starts:
-        return [], None, None
-    mine = records[starts[-1] :]
+        return mine, None, None
     ended = next((r for r in mine if r.get("kind") == events.JOB_ENDED), None)
     return mine, mine[0], ended
 

@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from app import contract
 from app.topology import command as topology
 from app.topology import compose
 from app.topology.spec import ClusterSpec
@@ -31,11 +32,16 @@ def _status(project: str) -> dict:
 
 
 def _statuses(project: str, stop: threading.Event) -> list[dict]:
-    """The cluster's status, again and again until ``stop``."""
-    found = []
+    """The cluster's status, again and again until ``stop``; and once the job trains, the head's metrics as the
+    worker scrapes them over the cluster network (``{"metrics": TEXT}``, appended)."""
+    found, scraped = [], None
     while not stop.wait(0.3):
         found.append(_status(project))
-    return found
+        if scraped is None and found[-1]["running"] and found[-1]["step"]:
+            url = f"http://{project}-head-1:{contract.METRICS_PORT}/metrics"
+            code = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=10).read().decode())"
+            scraped = run(["docker", "exec", f"{project}-worker-1", "python", "-c", code], 60).stdout
+    return [*found, {"metrics": scraped or ""}]
 
 
 def test_check_and_training_on_2x2_then_nothing_left(cluster):
@@ -69,6 +75,12 @@ def test_check_and_training_on_2x2_then_nothing_left(cluster):
     assert summary["params_identical"] is True
     assert summary["test_accuracy"] >= 0.85, summary
     head, worker = f"{cluster.project}-head-1", f"{cluster.project}-worker-1"
+    metrics = seen.pop()["metrics"]  # the head's node serves its ranks' and the job's series
+    labels = f'job="{cluster.project}",node="{head}"'
+    assert (
+        f'ddp_rank_busy_seconds{{{labels},rank="0"}} ' in metrics and f"ddp_job_world_size{{{labels}}} 4.0" in metrics
+    )
+    assert f"ddp_node_training{{{labels}}} 1.0" in metrics, metrics
     training = [s for s in seen if s["running"] and s["step"]]
     assert training, seen  # at least one status between two exchanges of step times (every 20 of 60 steps)
     both = [(head, "training", [0, 1]), (worker, "training", [2, 3])]  # (the last ones: the job's end, nodes down)

@@ -6,8 +6,10 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +19,7 @@ import pytest
 from app import events, progress
 from app.runtime import network
 from app.train.stop import STATUS
+from tests.deps import need
 from tests.integration.launchers import PYTHON, _clean_env, one_error_line
 from tests.integration.train_runs import CHECKPOINTED, TIMEOUT, same_final_params, synthetic, uninterrupted
 
@@ -326,3 +329,65 @@ def test_a_failure_that_repeats_stops_the_restarts_after_the_second_attempt_and_
     # The attempts are counted by the records above; rank 0 reports at most once an attempt (under load the agent
     # may stop it before it printed, when rank 1 failed first: [0] in a fresh-clone make test), never 4 times.
     assert {r["rank"] for r in reports(done)} <= {0} and len(reports(done)) <= 2, done.stdout
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple], float]:
+    """The node's metrics as (name, sorted labels) -> value; empty while nothing answers."""
+    parser = need("prometheus_client.parser")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return {}
+    families = parser.text_string_to_metric_families(text)
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families for s in f.samples}
+
+
+def test_a_node_serves_its_metrics_while_its_ranks_train_and_a_port_in_use_only_costs_the_metrics(
+    tmp_path: Path,
+) -> None:
+    """app node --serve-metrics on loopback, a digits job of 2 ranks: a scrape during the job finds both ranks'
+    busy time and the job's step from rank 0's exchanges (read from the events file, as the runner reads it)."""
+    events_file = tmp_path / "events.jsonl"
+    env = _clean_env() | {"DDP_CLUSTER_EVENTS_FILE": str(events_file)}
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    words = [*TWO_RANKS, "--local-addr", "127.0.0.1", "-m", "app", "train",
+             "--dataset", "digits", "--epochs", "30", "--out", str(tmp_path / "out")]  # fmt: skip
+    cmd = node_command(tmp_path, words, "--serve-metrics", "--metrics-port", str(port))
+    job = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: dict = {}
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while job.poll() is None and time.monotonic() < deadline:
+            scraped = _scrape(port)
+            if any(name == "ddp_job_step" and value > 0 for (name, _), value in scraped.items()):
+                seen = scraped
+                break
+            time.sleep(0.2)
+        out, err = job.communicate(timeout=TIMEOUT)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 0, err[-3000:]
+    host = socket.gethostname()
+    assert f"metrics: http://{host}:{port}/metrics" in out, out
+    assert seen, "no scrape during the job found a step"
+    [job_label] = {dict(labels)["job"] for name, labels in seen if name == "ddp_job_step"}  # --standalone's rdzv id
+    node = (("job", job_label), ("node", host))
+    ranks = {labels for name, labels in seen if name == "ddp_rank_busy_seconds"}
+    assert ranks == {(*node, ("rank", "0")), (*node, ("rank", "1"))}, seen
+    assert seen["ddp_job_world_size", node] == 2 and seen["ddp_node_training", node] == 1.0, seen
+    assert seen["ddp_node_device_matmul_flops", (("device", "cpu"), *node)] > 0, seen  # the gate's figures
+    # The same port taken: the node says so in one line and the job runs as before.
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (the scrapes' connections are in TIME_WAIT)
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        done = run_node(tmp_path / "again", [*TWO_RANKS, "--local-addr", "127.0.0.1", str(NODE_JOB)], "--serve-metrics",
+                        "--metrics-port", str(port), env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"metrics: not served: port {port} on 127.0.0.1 (" in done.stdout, done.stdout
+    assert [r["rank"] for r in reports(done)] == [0, 1]

@@ -1,0 +1,129 @@
+"""A job's facts as Prometheus metrics: what ``app cluster status`` shows, as series that a Prometheus scrapes.
+
+    python -m app node --metrics-port 9473 -- TORCHRUN_ARGS -m app train ...   # http://<node>:9473/metrics
+    curl -s http://ddp-cluster-head-1:9473/metrics | grep '^ddp_'
+
+Every node's agent serves its own view (prometheus-client's HTTP server, on the node's cluster address only), read
+from the job's events file at each scrape: the same facts the runner and ``app cluster status`` read, so a scrape
+asks nothing of the ranks and costs them no step time. Names and units follow Prometheus's conventions (base
+units, ``_seconds``, ``_total``); every series is labelled ``job`` (the cluster's job name) and ``node`` (the
+host name, as ``docker ps`` and the runner name it), a rank's also ``rank``:
+
+  per rank (the node's own ranks at the last exchange of step times)
+    ddp_rank_busy_seconds               busy time per step (computing and loading, not waiting for the others)
+    ddp_rank_busy_ratio                 that over the median rank's (the slowest rank's is the straggler factor)
+  per node
+    ddp_node_training                   1 while the node's ranks are in the job's last exchange
+    ddp_node_device_matmul_flops        its devices' matrix-product rate at its gate (FLOP/s; label ``device``)
+    ddp_node_device_copy_bytes_per_second   its devices' copy rate at its gate (label ``device``)
+    ddp_node_gate_kept_out              1 while its gate keeps it out
+  per job (served by every node, the same figures)
+    ddp_job_step, ddp_job_samples_per_second, ddp_job_world_size, ddp_job_global_batch_size,
+    ddp_job_accumulation_steps, ddp_job_restarts_total, ddp_job_resizes_total, ddp_job_steps_lost_total,
+    ddp_job_last_checkpoint_step, ddp_job_last_checkpoint_timestamp_seconds
+"""
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from app import events
+from app.errors import UsageError
+from app.orchestrate import status
+
+PREFIX = "ddp_"
+
+
+def families(job: str, node: str, records: list[dict], now: float) -> list[Any]:
+    """The metric families of ``node`` in ``job`` from the job's event records (prometheus-client's objects)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    state = status.fold(job, records, {}, now)
+    mine, _, ended = status.this_job(records)
+    exchange = next((r for r in reversed(mine) if r.get("kind") == events.EXCHANGE), None)
+    found = []
+
+    def gauge(name: str, doc: str, labels: list[str], rows: list[tuple[list[str], float]]) -> None:
+        family = GaugeMetricFamily(PREFIX + name, doc, labels=labels)
+        for values, value in rows:
+            family.add_metric(values, value)
+        found.append(family)
+
+    job_labels = ["job", "node"]
+    at_job = [job, node]
+    if exchange:
+        hosts, busy = exchange.get("hosts") or [], exchange.get("busy_ms") or []
+        median = exchange.get("median_busy_ms") or 0.0
+        ranks = [(r, b) for r, (h, b) in enumerate(zip(hosts, busy, strict=False)) if h == node]
+        labels = ["job", "node", "rank"]
+        gauge("rank_busy_seconds", "Busy time per step at the last exchange (not waiting).", labels,
+              [([job, node, str(r)], b / 1000) for r, b in ranks])  # fmt: skip
+        gauge("rank_busy_ratio", "Busy time per step over the median rank's.", labels,
+              [([job, node, str(r)], b / median if median else 0.0) for r, b in ranks])  # fmt: skip
+    gauge("node_training", "1 while the node's ranks are in the job's last exchange.", job_labels,
+          [(at_job, 1.0 if ended is None and exchange and node in (exchange.get("hosts") or []) else 0.0)])  # fmt: skip
+    gates = [r for r in mine if r.get("kind") == events.GATE and r.get("node") == node]
+    kept_out = bool(gates) and gates[-1].get("verdict") == events.KEPT_OUT
+    gauge("node_gate_kept_out", "1 while the node's gate keeps it out.", job_labels, [(at_job, float(kept_out))])
+    measured = next((g.get("figures") for g in reversed(gates) if g.get("figures")), None) or []
+    device_labels = ["job", "node", "device"]
+    gauge("node_device_matmul_flops", "Matrix-product rate of each device at the node's gate (FLOP/s).",
+          device_labels, [([job, node, d["device"]], d["flops"]) for d in measured])  # fmt: skip
+    gauge("node_device_copy_bytes_per_second", "Copy rate of each device at the node's gate.",
+          device_labels, [([job, node, d["device"]], d["copy_gbps"] * 1e9) for d in measured])  # fmt: skip
+    for name, doc, value in (
+        ("job_step", "Optimizer step at the last exchange of step times.", state.step),
+        ("job_samples_per_second", "Training samples per second at the last exchange.", state.samples_per_s),
+        ("job_world_size", "Ranks in the job.", state.world_size),
+        ("job_global_batch_size", "Samples per optimizer step over all ranks.", state.global_batch),
+        ("job_accumulation_steps", "Micro-batches per optimizer step.", state.accum_steps),
+        ("job_last_checkpoint_step", "Step of the last checkpoint.", (state.checkpoint or {}).get("step")),
+    ):
+        if value is not None:
+            gauge(name, doc, job_labels, [(at_job, float(value))])
+    if state.checkpoint:
+        gauge("job_last_checkpoint_timestamp_seconds", "When the last checkpoint was taken (seconds since the epoch).",
+              job_labels, [(at_job, now - state.checkpoint["age_s"])])  # fmt: skip
+    lost = sum(max((r.get("reached") or 0) - (r.get("from_step") or 0), 0) for r in mine
+               if r.get("kind") == events.RESUMED)  # fmt: skip
+    for name, doc, value in (
+        ("job_restarts", "Times the job ran again after a failure.", state.restarts),
+        ("job_resizes", "Times the job resumed on another number of ranks.", state.resizes),
+        ("job_steps_lost", "Steps trained again after failures (reached, less the step resumed from).", lost),
+    ):
+        family = CounterMetricFamily(PREFIX + name, doc, labels=job_labels)
+        family.add_metric(at_job, float(value))
+        found.append(family)
+    return found
+
+
+class EventsCollector:
+    """prometheus-client's custom collector: the families of ``node`` read from ``events_file`` at each scrape."""
+
+    def __init__(self, job: str, node: str, events_file: Path, clock: Callable[[], float] = time.time) -> None:
+        self.job, self.node, self.events_file, self.clock = job, node, events_file, clock
+
+    def collect(self) -> Iterator[Any]:
+        records, _ = events.read(self.events_file)
+        yield from families(self.job, self.node, records, self.clock())
+
+
+def serve(port: int, address: str, job: str, node: str, events_file: Path) -> str:
+    """Serve the node's metrics on ``address:port`` in a thread of this process; the line that says where."""
+    try:
+        from prometheus_client import CollectorRegistry, start_http_server
+    except ImportError:
+        raise UsageError(
+            "--metrics-port needs prometheus-client, which the image has: pip install prometheus-client, or give "
+            "--metrics-port 0"
+        ) from None
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(EventsCollector(job, node, events_file))
+    try:
+        start_http_server(port, addr=address, registry=registry)
+    except OSError as error:
+        return (
+            f"metrics: not served: port {port} on {address} ({error.strerror or error}); the job goes on without them"
+        )
+    return f"metrics: http://{node}:{port}/metrics"

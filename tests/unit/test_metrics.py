@@ -1,0 +1,93 @@
+"""app/metrics.py: a node's Prometheus metrics, folded from the job's events and served over HTTP."""
+
+import socket
+import urllib.request
+
+from app import events, metrics
+from tests.deps import need
+from tests.unit.test_status import FOUR, HEAD, T0, WORKER, _exchange, _record
+
+parser = need("prometheus_client.parser")
+
+
+def _samples(text: str) -> dict[tuple[str, tuple], float]:
+    """(name, sorted labels) -> value of every sample of an exposition."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in parser.text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def _exposition(node: str, records: list[dict], now: float) -> str:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+
+    class Fixed:
+        def collect(self):
+            return metrics.families("c", node, records, now)
+
+    registry.register(Fixed())
+    return generate_latest(registry).decode()
+
+
+RECORDS = [
+    _record(events.JOB_STARTED, T0, node="host"),
+    _record(
+        events.GATE,
+        T0 + 1,
+        node=WORKER,
+        verdict=events.RECORDED,
+        detail="",
+        figures=[{"device": "cpu", "flops": 80e9, "copy_gbps": 4.0}],
+    ),
+    _exchange(T0 + 5, 20, FOUR, [10.0, 10.0, 11.0, 30.0]),
+    _record(events.CHECKPOINT, T0 + 6, rank=0, step=20, path="/results/x/step-20.pt"),
+    _record(events.RESUMED, T0 + 7, rank=0, from_step=20, checkpoint="/results/x/step-20.pt", reached=23),
+    _exchange(T0 + 9, 40, FOUR, [10.0, 10.0, 11.0, 33.0]),
+]
+
+
+def test_a_node_serves_its_ranks_its_gate_figures_and_the_job_in_base_units() -> None:
+    found = _samples(_exposition(WORKER, RECORDS, now=T0 + 10))
+    node = (("job", "c"), ("node", WORKER))
+    assert found["ddp_rank_busy_seconds", (*node, ("rank", "3"))] == 0.033
+    assert found["ddp_rank_busy_ratio", (*node, ("rank", "3"))] == 3.0
+    assert {labels[-1] for name, labels in found if name == "ddp_rank_busy_seconds"} == {("rank", "2"), ("rank", "3")}
+    assert found["ddp_node_device_matmul_flops", (("device", "cpu"), *node)] == 80e9
+    assert found["ddp_node_device_copy_bytes_per_second", (("device", "cpu"), *node)] == 4e9
+    assert found["ddp_node_training", node] == 1.0 and found["ddp_node_gate_kept_out", node] == 0.0
+    assert found["ddp_job_step", node] == 40 and found["ddp_job_world_size", node] == 4
+    assert found["ddp_job_samples_per_second", node] == 20000.0
+    assert found["ddp_job_global_batch_size", node] == 256 and found["ddp_job_accumulation_steps", node] == 1
+    assert found["ddp_job_restarts_total", node] == 1 and found["ddp_job_steps_lost_total", node] == 3
+    assert found["ddp_job_resizes_total", node] == 0
+    assert found["ddp_job_last_checkpoint_step", node] == 20
+    assert found["ddp_job_last_checkpoint_timestamp_seconds", node] == T0 + 6
+
+
+def test_a_kept_out_node_says_so_and_trains_no_more() -> None:
+    kept = [*RECORDS, _record(events.GATE, T0 + 11, node=HEAD, verdict=events.KEPT_OUT, detail="slow")]
+    kept.append(_exchange(T0 + 12, 60, [WORKER, WORKER], [10.0, 10.0]))
+    found = _samples(_exposition(HEAD, kept, now=T0 + 13))
+    node = (("job", "c"), ("node", HEAD))
+    assert found["ddp_node_gate_kept_out", node] == 1.0 and found["ddp_node_training", node] == 0.0
+    assert not [name for name, _ in found if name.startswith("ddp_rank_")]  # none of its ranks is in the job
+
+
+def test_served_over_http_and_a_port_in_use_is_one_line(tmp_path) -> None:
+    file = tmp_path / "events.jsonl"
+    for record in RECORDS:
+        fields = {k: v for k, v in record.items() if k not in ("time", "node", "rank", "kind")}
+        events.write(record["kind"], record["rank"], events_file=file, **fields)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    line = metrics.serve(port, "127.0.0.1", "c", WORKER, file)
+    assert line == f"metrics: http://{WORKER}:{port}/metrics"
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    assert _samples(text)["ddp_job_step", (("job", "c"), ("node", WORKER))] == 40
+    again = metrics.serve(port, "127.0.0.1", "c", WORKER, file)
+    assert again.startswith(f"metrics: not served: port {port} on 127.0.0.1 (") and "the job goes on" in again
