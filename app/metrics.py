@@ -11,6 +11,7 @@ host name, as ``docker ps`` and the runner name it), a rank's also ``rank``:
 
   per rank (the node's own ranks at the last exchange of step times)
     ddp_rank_busy_seconds               busy time per step (computing and loading, not waiting for the others)
+    ddp_rank_wait_seconds               time per step waiting for the others (the gradients' all-reduce)
     ddp_rank_busy_ratio                 that over the median rank's (the slowest rank's is the straggler factor)
   per node
     ddp_node_training                   1 while the node's ranks are in the job's last exchange
@@ -54,11 +55,14 @@ def families(job: str, node: str, records: list[dict], now: float) -> list[Any]:
     at_job = [job, node]
     if exchange:
         hosts, busy = exchange.get("hosts") or [], exchange.get("busy_ms") or []
+        wait = exchange.get("wait_ms") or [0.0] * len(busy)
         median = exchange.get("median_busy_ms") or 0.0
         ranks = [(r, b) for r, (h, b) in enumerate(zip(hosts, busy, strict=False)) if h == node]
         labels = ["job", "node", "rank"]
         gauge("rank_busy_seconds", "Busy time per step at the last exchange (not waiting).", labels,
               [([job, node, str(r)], b / 1000) for r, b in ranks])  # fmt: skip
+        gauge("rank_wait_seconds", "Time per step waiting for the other ranks at the last exchange.", labels,
+              [([job, node, str(r)], wait[r] / 1000) for r, _ in ranks])  # fmt: skip
         gauge("rank_busy_ratio", "Busy time per step over the median rank's.", labels,
               [([job, node, str(r)], b / median if median else 0.0) for r, b in ranks])  # fmt: skip
     gauge("node_training", "1 while the node's ranks are in the job's last exchange.", job_labels,

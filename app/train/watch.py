@@ -102,11 +102,12 @@ def analyse(rows: list[list[float]], hosts: list[str], step: int, percent: float
 
     rows: per rank, (steps, seconds less idle, data seconds, wait seconds, seconds since checkpoint).
     """
-    busy, data = [], []
+    busy, data, wait = [], [], []
     for steps, seconds, data_s, wait_s, _ in rows:
         n = max(steps, 1.0)
         busy.append(1000 * max(seconds - wait_s, 0.0) / n)
         data.append(1000 * data_s / n)
+        wait.append(1000 * wait_s / n)
     slowest = max(range(len(rows)), key=busy.__getitem__)
     median = statistics.median(busy)
     over = 100 * (busy[slowest] / median - 1) if median > 0 else 0.0
@@ -122,6 +123,7 @@ def analyse(rows: list[list[float]], hosts: list[str], step: int, percent: float
         "over_median_percent": round(over, 1),
         "busy_ms": [round(b, 3) for b in busy],
         "data_ms": [round(d, 3) for d in data],
+        "wait_ms": [round(w, 3) for w in wait],
         "hosts": hosts,
     }
     if over <= percent:

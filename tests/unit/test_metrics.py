@@ -54,6 +54,8 @@ def test_a_node_serves_its_ranks_its_gate_figures_and_the_job_in_base_units() ->
     node = (("job", "c"), ("node", WORKER))
     assert found["ddp_rank_busy_seconds", (*node, ("rank", "3"))] == 0.033
     assert found["ddp_rank_busy_ratio", (*node, ("rank", "3"))] == 3.0
+    assert found["ddp_rank_wait_seconds", (*node, ("rank", "2"))] == 0.022  # it waits for rank 3
+    assert found["ddp_rank_wait_seconds", (*node, ("rank", "3"))] == 0.0
     assert {labels[-1] for name, labels in found if name == "ddp_rank_busy_seconds"} == {("rank", "2"), ("rank", "3")}
     assert found["ddp_node_device_matmul_flops", (("device", "cpu"), *node)] == 80e9
     assert found["ddp_node_device_copy_bytes_per_second", (("device", "cpu"), *node)] == 4e9

@@ -20,6 +20,7 @@ def _exchange(at: float, step: int, hosts: list[str], busy: list[float]) -> dict
     return _record(
         events.EXCHANGE, at, rank=0, step=step, hosts=hosts, busy_ms=busy, slowest_rank=slowest,
         slowest_host=hosts[slowest], slowest_busy_ms=busy[slowest], median_busy_ms=median,
+        wait_ms=[max(busy) - b for b in busy],
         world_size=len(hosts), global_batch=256, accum_steps=1, samples_per_s=20000.0,
     )  # fmt: skip
 

@@ -23,6 +23,7 @@ def test_the_straggler_is_the_rank_the_others_wait_for_not_the_one_with_long_ste
     record, line = analyse(rows([10, 10, 60, 10], [50, 50, 0, 50]), HOSTS, step=40, percent=50)
     assert record["slowest_rank"] == 2 and record["slowest_host"] == "w1"
     assert record["busy_ms"] == [10, 10, 60, 10] and record["median_busy_ms"] == 10
+    assert record["wait_ms"] == [50, 50, 0, 50] and record["hosts"] == HOSTS  # (the job's events carry the record)
     assert record["over_median_percent"] == 500 and record["step_ms"] == 60 and record["steps"] == 10
     assert line == (
         "train: rank 2 on w1 is the slowest (a straggler): busy 60.0 ms per step, 500% above the median 10.0 ms "
