@@ -59,7 +59,7 @@ JOB_STARTED = "job_started"
 """The cluster runner started a job (``python -m app cluster up``): ``job`` (its name), ``launcher``, ``nodes``,
 ``nproc_per_node``. The records after it are that job's."""
 JOB_ENDED = "job_ended"
-"""The cluster runner's job ended: ``status`` (its exit status)."""
+"""The cluster runner's job ended: ``status`` (its exit status; None when the runner itself was stopped)."""
 RECORDED, KEPT_OUT, PASSED_AFTER, PASSED = "recorded", "kept_out", "passed_after", "passed"
 """A gate's verdicts: its figures recorded at the job's start; kept out; let in after being kept out; let in at
 once."""

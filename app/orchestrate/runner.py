@@ -625,8 +625,6 @@ def _up(run: Run, results: Path) -> int:
     run.log(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} cluster up {spec.job.name}")  # a log holds every run's lines
     stop = threading.Event()
     start, since, offset = time.monotonic(), time.time(), events.size(compose.events_file(run.folder))
-    shape = {"launcher": spec.job.launcher, "nodes": spec.nodes.nodes, "nproc_per_node": spec.nodes.nproc_per_node}
-    events.write(events.JOB_STARTED, events_file=compose.events_file(run.folder), job=spec.job.name, **shape)
     # Detached: compose starts the store and the nodes (once the store is healthy) and returns; the
     # job's end is a node's agent ending by itself (mpirun's launcher ending), whatever is lost meanwhile.
     services = [compose.LAUNCHER] if spec.job.launcher == "mpirun" else []  # mpirun: the launcher and its workers
@@ -637,6 +635,8 @@ def _up(run: Run, results: Path) -> int:
         detail = (started.stderr.strip().splitlines() or ["no output"])[-1]
         raise ClusterError(f"the cluster did not start: {detail}: see {run.log_file}")
     _limits(run)
+    shape = {"launcher": spec.job.launcher, "nodes": spec.nodes.nodes, "nproc_per_node": spec.nodes.nproc_per_node}
+    events.write(events.JOB_STARTED, events_file=compose.events_file(run.folder), job=spec.job.name, **shape)
     threads = [
         threading.Thread(target=_watch_nodes, args=(run, stop, since), daemon=True),
         threading.Thread(target=_read_events, args=(run, stop, offset), daemon=True),
@@ -653,6 +653,9 @@ def _up(run: Run, results: Path) -> int:
         # The job is over: the nodes still up cannot go on without it; stopped first, reported after.
         subprocess.run(run.compose("stop", "--timeout", str(STOP_GRACE_S)), capture_output=True, timeout=180,
                        check=False)  # fmt: skip
+    except BaseException:  # the runner itself stopped (Ctrl-C): the job's end, status unknown
+        events.write(events.JOB_ENDED, events_file=compose.events_file(run.folder), status=None)
+        raise
     finally:
         stop.set()  # ends the streams the threads read (the engine's events and logs, compose logs)
     elapsed = time.monotonic() - start

@@ -133,6 +133,8 @@ def format_table(status: Status, now: float) -> str:
         job = f"a job runs (started {now - status.started:.0f} s ago)"
     elif status.started is None:
         job = "no job has run here yet"
+    elif status.ended_status is None:
+        job = "no job runs (the runner of the last one was stopped before it ended)"
     else:
         job = f"no job runs (the last one ended with exit status {status.ended_status})"
     lines = [f"cluster {status.cluster}: {job}"]

@@ -135,6 +135,8 @@ def test_failing_job_fails_cluster_up(cluster):
     assert said and all(any(f"error: {r}{cause} [exit 2" in line for r in ranks) for line in said), explain(proc)
     assert "error: not restarted: bad input fails the same way on every attempt; the job was stopped" in proc.stderr
     assert "cluster: job exit status 2 after " in proc.stdout, explain(proc)
+    after = _status(cluster.project)  # the job's end is in its events: no job runs, and its status is the one said
+    assert after["running"] is False and after["ended_status"] == 2 and after["step"] is None, after
 
 
 def test_worker_failure_fails_cluster_up(cluster):

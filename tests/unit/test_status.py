@@ -81,6 +81,8 @@ def test_only_the_last_job_counts_and_an_ended_job_is_idle() -> None:
     ended = status.fold("c", first, RUNNING, T0 + 4)
     assert not ended.running and ended.ended_status == 1 and {n.state for n in ended.nodes} == {"idle"}
     assert "no job runs (the last one ended with exit status 1)" in status.format_table(ended, T0 + 4)
+    stopped = [*first[:-1], _record(events.JOB_ENDED, T0 + 3, node="host", status=None)]  # the runner's Ctrl-C
+    assert "the runner of the last one was stopped" in status.format_table(status.fold("c", stopped, {}, T0 + 4), T0)
     second = status.fold("c", [*first, _record(events.JOB_STARTED, T0 + 5, node="host")], RUNNING, T0 + 6)
     assert second.running and second.restarts == 0 and second.step is None  # nothing of the first job's
     assert [n.state for n in second.nodes] == ["joining", "joining"]
