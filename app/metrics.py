@@ -24,6 +24,7 @@ host name, as ``docker ps`` and the runner name it), a rank's also ``rank``:
     ddp_job_last_checkpoint_step, ddp_job_last_checkpoint_timestamp_seconds
 """
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -103,13 +104,20 @@ def families(job: str, node: str, records: list[dict], now: float) -> list[Any]:
 
 
 class EventsCollector:
-    """prometheus-client's custom collector: the families of ``node`` read from ``events_file`` at each scrape."""
+    """prometheus-client's custom collector: the families of ``node`` from ``events_file``, whose new records are
+    read at each scrape (the file only grows; scrapes come on threads of their own)."""
 
     def __init__(self, job: str, node: str, events_file: Path, clock: Callable[[], float] = time.time) -> None:
         self.job, self.node, self.events_file, self.clock = job, node, events_file, clock
+        self._records: list[dict] = []
+        self._offset = 0
+        self._lock = threading.Lock()
 
     def collect(self) -> Iterator[Any]:
-        records, _ = events.read(self.events_file)
+        with self._lock:
+            new, self._offset = events.read(self.events_file, self._offset)
+            self._records += new
+            records = list(self._records)
         yield from families(self.job, self.node, records, self.clock())
 
 

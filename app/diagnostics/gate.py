@@ -282,9 +282,11 @@ def passed(judged: Judged, start: list[health.DeviceHealth], took: str) -> str:
     return f"gate: passed {took}: {judged_figures(judged, start)}"
 
 
-def event_figures(figures: list[health.DeviceHealth]) -> list[dict]:
-    """The figures a gate event carries: each device's ``device``, ``flops`` (FLOP/s) and ``copy_gbps``."""
-    return [{"device": d.device, "flops": d.flops, "copy_gbps": d.copy_gbps} for d in figures]
+def gate_event(verdict: str, detail: str, figures: list[health.DeviceHealth], **fields: object) -> None:
+    """The gate's record in the job's events: its verdict, its line's figures, and each device's ``device``,
+    ``flops`` (FLOP/s) and ``copy_gbps``."""
+    measured = [{"device": d.device, "flops": d.flops, "copy_gbps": d.copy_gbps} for d in figures]
+    events.write(events.GATE, verdict=verdict, detail=detail, figures=measured, **fields)
 
 
 def judged_figures(judged: Judged, start: list[health.DeviceHealth]) -> str:
@@ -315,25 +317,22 @@ def admit(cfg: GateConfig, where: Rendezvous | None) -> None:
     if start is None:
         figures = measure(cfg.device_seconds, cfg.records)
         print(record(path, mine.host, figures), flush=True)
-        events.write(events.GATE, verdict=events.RECORDED, detail=describe(figures), figures=event_figures(figures))
+        gate_event(events.RECORDED, describe(figures), figures)
         return
     start = job_figures(start, read_records(cfg.records))
     judged = judge(cfg, mine, where, start)
     if judged.why is None:
         print(passed(judged, start, f"in {time.monotonic() - began:.1f} s"), flush=True)
-        events.write(events.GATE, verdict=events.PASSED, detail=judged_figures(judged, start),
-                     figures=event_figures(judged.figures))  # fmt: skip
+        gate_event(events.PASSED, judged_figures(judged, start), judged.figures)
         return
     if not cfg.retry_every:
         raise ClusterError(f"{mine.host} kept out: {judged.why}", KEPT_OUT)
     print(f"gate: kept out: {judged.why}; tried again every {cfg.retry_every:g} s", flush=True)
-    events.write(events.GATE, verdict=events.KEPT_OUT, detail=judged.why, retry_every=cfg.retry_every,
-                 figures=event_figures(judged.figures))  # fmt: skip
+    gate_event(events.KEPT_OUT, judged.why, judged.figures, retry_every=cfg.retry_every)
     kept = time.monotonic()
     while judged.why is not None:
         time.sleep(cfg.retry_every)
         judged = judge(cfg, mine, where, start)
     waited = round(time.monotonic() - kept)
     print(passed(judged, start, f"after {waited} s kept out"), flush=True)
-    events.write(events.GATE, verdict=events.PASSED_AFTER, detail=judged_figures(judged, start), waited=waited,
-                 figures=event_figures(judged.figures))  # fmt: skip
+    gate_event(events.PASSED_AFTER, judged_figures(judged, start), judged.figures, waited=waited)

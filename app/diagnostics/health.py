@@ -28,7 +28,7 @@ rounds (why 2: NODE_FACTOR). An outlier rule over ranks cannot name a node whose
 outlier rule of ``app links`` (app/diagnostics/outliers.py) over each figure: with 3 or more ranks, a
 rank below median / s^k is named (on CPUs also only below median / CPU_RANK_FLOOR: ranks share the
 cores); ``fail_below`` names the ranks below that fraction of the median. GPUs (``below_peak``): a rank
-below 1/PEAK_FLOOR of its GPU's data- sheet bf16 peak (app/runtime/devices.py's table) fails the check
+below 1/PEAK_FLOOR of its GPU's data-sheet bf16 peak (app/runtime/devices.py's table) fails the check
 whatever the others read (an H200 reads about 0.68 of its 989 TFLOP/s).
 """
 

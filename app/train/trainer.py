@@ -332,6 +332,12 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.model.train()
 
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step over all ranks: per-rank batch x world size x accumulation."""
+        s = self.cfg.steps
+        return s.batch_size * self.world * s.accum_steps
+
     def restart_count(self) -> int:
         """torchrun's restart count of this job (a collective): the highest of its ranks' TORCHELASTIC_RESTART_COUNT.
         A node started again after it was lost runs a new agent, which counts from 0 while the others count on:
@@ -422,10 +428,8 @@ class Trainer:
     def _exchange(self, step: int) -> bool:
         """Share step times (a collective); rank 0 reports the slowest rank. True: a time-based checkpoint is due."""
         record, line, since_checkpoint = self.watch.exchange(step, time.monotonic() - self._saved_at)
-        o = self.cfg.steps
-        global_batch = o.batch_size * o.accum_steps * self.world
-        rate = 1000 * global_batch / record["step_ms"] if record["step_ms"] > 0 else 0.0
-        job = {"world_size": self.world, "global_batch": global_batch, "accum_steps": o.accum_steps}
+        rate = 1000 * self.global_batch / record["step_ms"] if record["step_ms"] > 0 else 0.0
+        job = {"world_size": self.world, "global_batch": self.global_batch, "accum_steps": self.cfg.steps.accum_steps}
         self.reporter.ranks(record | job | {"samples_per_s": round(rate, 1)}, line)
         return bool(self._save_every_s) and since_checkpoint >= self._save_every_s
 
@@ -608,7 +612,7 @@ class Trainer:
             "device": str(self.ctx.device),
             "batch_size": s.batch_size,
             "accum_steps": s.accum_steps,
-            "global_batch": s.batch_size * p.world_size * s.accum_steps,
+            "global_batch": self.global_batch,
             "precision": self.cfg.model.precision,
             "optimizer": o.optimizer,
             "lr": o.lr,
