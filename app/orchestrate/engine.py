@@ -104,7 +104,7 @@ def project_objects(project: str) -> list[tuple[str, str]]:
     """(kind, name) of every container, network and volume that carries the compose label of ``project``."""
     filters = {"label": f"com.docker.compose.project={project}"}
     engine = client()
-    found = [("container", c.name) for c in engine.containers.list(all=True, filters=filters)]
+    found = [("container", name) for name in _listed(engine, filters)]
     found += [("network", n.name) for n in engine.networks.list(filters=filters)]
     return found + [("volume", v.name) for v in engine.volumes.list(filters=filters)]
 
@@ -112,7 +112,13 @@ def project_objects(project: str) -> list[tuple[str, str]]:
 def project_containers(project: str) -> dict[str, str]:
     """Every container of compose project ``project`` and the engine's state of it (running, exited, ...), by name."""
     filters = {"label": f"com.docker.compose.project={project}"}
-    return {c.name: c.status for c in sorted(client().containers.list(all=True, filters=filters), key=lambda c: c.name)}
+    return dict(sorted(_listed(client(), filters).items()))
+
+
+def _listed(engine, filters: dict) -> dict[str, str]:
+    """The state (running, exited, ...) of every container that ``filters`` match, by name, from one request: the
+    engine's list, with nothing read per container (a container removed in between made that read fail)."""
+    return {c["Names"][0].lstrip("/"): c["State"] for c in engine.api.containers(all=True, filters=filters)}
 
 
 def copy_out(name: str, folder: str, destination: Path) -> bool:
