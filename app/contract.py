@@ -23,6 +23,8 @@ C10D_PORT = 29400
 METRICS_PORT = 9473
 """Where every node of a job serves its Prometheus metrics (app/metrics.py: ``app node --serve-metrics``), on the
 cluster network only (9400 is DCGM exporter's, 9100 node exporter's)."""
+MONITOR_PORT = 9090
+"""The host's loopback port of the mini-cluster's Prometheus UI (make cluster-up MONITOR=1: Prometheus's own)."""
 
 JOB_DIR = "/job"
 """In the image: where a user's script folder is mounted read-only (compose, Kubernetes)."""

@@ -48,6 +48,8 @@ CHECKPOINT = "checkpoint"
 RESIZE = "resize"
 """The run resumed on another number of ranks, as metrics.jsonl's record: ``from``, ``to``, ``step``,
 ``global_batch``, ..."""
+EVICTED = "evicted"
+"""The runner took a slow node out of the running job: ``node``, ``factor``, ``window_s``."""
 TRAINING_FACTS = (EXCHANGE, CHECKPOINT, RESIZE)
 """Records of rank 0's metrics.jsonl that are also the job's events (``app cluster status`` reads them)."""
 

@@ -29,6 +29,10 @@ SCRIPT ?=
 ARGS ?=
 # The app command of `make cluster-mpi`.
 MPI_JOB ?= check
+# MONITOR=1: cluster-up also starts Prometheus (compose profile monitor: MONITOR_IMAGE of docker/versions.env,
+# make monitor-image), scraping every node's metrics; its UI on http://127.0.0.1:MONITOR_PORT (empty: the app's 9090).
+MONITOR ?=
+MONITOR_PORT ?=
 # Extra flags of `make cluster-check`, e.g. CHECK_ARGS='--device-seconds 4 --fail-below 0.5'.
 CHECK_ARGS ?=
 # Where results land: RESULTS, else the cluster runner's default (asked of the app, not restated).
@@ -66,12 +70,12 @@ APP = PYTHONPATH=$(CURDIR) $(PYTHON) -m app
 ENGINE_PYTHON = $(IMAGE_BUILD) tools --tools-venv $(TOOLS_VENV) --docker-sdk $(DOCKER_SDK_VERSION) && \
 	PYTHONPATH=$(CURDIR) $(TOOLS_VENV)/bin/python
 CLUSTER_RUN = $(ENGINE_PYTHON) -m app cluster $(1) --results $(RESULTS) $(SPEC_FLAGS) --image-name $(IMAGE_NAME) \
-	$(call knob,--image,$(IMAGE))
+	$(call knob,--image,$(IMAGE)) --monitor-image $(MONITOR_IMAGE) $(call knob,--monitor-port,$(MONITOR_PORT))
 # A cluster job's image build, which the runner starts once the spec is checked (it adds --flavour): none with IMAGE.
 IMAGE_BUILD_COMMAND = env PYTHONPATH=$(CURDIR)/docker $(PYTHON) -m imagebuild image $(IMAGE_FLAGS)
 CLUSTER_BUILD = $(if $(IMAGE),,--build $(call quote,$(IMAGE_BUILD_COMMAND)))
 # A cluster job: the spec parsed and checked once (a bad knob fails before any build), the image, the job.
-CLUSTER_JOB = $(call CLUSTER_RUN,up) $(CLUSTER_BUILD)
+CLUSTER_JOB = $(call CLUSTER_RUN,up) $(CLUSTER_BUILD) $(if $(MONITOR),--monitor)
 
 .PHONY: engine
 engine: ## Install (Debian: docker.io + compose v2) and start the Docker engine if missing.
@@ -106,14 +110,20 @@ images: image-cpu image-cuda ## Build both workload images (cpu and cuda flavour
 images-test: BASE = local
 images-test: images ## Build both images offline, as CI does (BASE=local).
 
+.PHONY: monitor-image
+monitor-image: base ## Build MONITOR_IMAGE: Debian's Prometheus on the local base, for make cluster-up MONITOR=1.
+	@mkdir -p build/logs && echo "monitor: building $(MONITOR_IMAGE); log: build/logs/monitor-image.log" && \
+	docker build --build-arg BASE_IMAGE=$(LOCAL_BASE_IMAGE) --tag $(MONITOR_IMAGE) docker/monitor \
+		>build/logs/monitor-image.log 2>&1 || { tail -n 5 build/logs/monitor-image.log >&2; exit 1; }
+
 .PHONY: cluster-up
-cluster-up: ## Start NODES x NPROC_PER_NODE containers, run JOB (or SCRIPT), stream rank 0, print the summary.
+cluster-up: $(if $(MONITOR),monitor-image) ## Start NODES x NPROC_PER_NODE containers, run JOB (or SCRIPT), stream rank 0, print the summary.
 	@$(CLUSTER_JOB) $(JOB_FLAGS)
 
 .PHONY: cluster-check
 # The check is judged once (no restarts unless MAX_RESTARTS says): torchrun restarting a failed check let a
 # third attempt on a busy machine print `result: ok` after two had named a node at 0.3 CPU.
-cluster-check: ## Run `app check` across the cluster containers (torchrun, gloo).
+cluster-check: $(if $(MONITOR),monitor-image) ## Run `app check` across the cluster containers (torchrun, gloo).
 	@$(CLUSTER_JOB) $(if $(MAX_RESTARTS),,--max-restarts 0) --command 'check --json /results/check.json $(CHECK_ARGS)'
 
 .PHONY: cluster-mpi

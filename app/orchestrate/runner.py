@@ -139,6 +139,8 @@ class Run:
     """Where the cluster's files were rendered (``compose.cluster_files``)."""
     log_file: Path
     verbose: bool = False
+    monitor: compose.Monitor | None = None
+    """The monitor profile's Prometheus, when the job is watched by one (``--monitor``)."""
     restarts: int = 0
     """Worker containers started again."""
     resumptions: int = 0
@@ -190,8 +192,10 @@ class Run:
                 self.ended.set()
 
     def compose(self, *args: str, every_profile: bool = False) -> list[str]:
-        """``docker compose`` for this project; the mpi profile's services when the job runs mpirun."""
+        """``docker compose`` for this project; the mpi profile's services when the job runs mpirun; every profile's
+        (mpi, monitor) with ``every_profile``."""
         profile = ["--profile", "mpi"] if every_profile or self.spec.job.launcher == "mpirun" else []
+        profile += ["--profile", compose.MONITOR] if every_profile else []
         return [
             "docker",
             "compose",
@@ -539,6 +543,13 @@ class ClusterFlags:
     build: str | None = field(default=None, metadata=flag(metavar="COMMAND"))
     """up: once the spec is checked, build the image with COMMAND plus ``--flavour cpu|cuda`` (the spec's) before
     the nodes start (make cluster-up gives the image builder)."""
+    monitor: bool = False
+    """up: also start Prometheus (compose profile monitor, make cluster-up MONITOR=1), scraping every node's metrics;
+    its UI on the host's loopback at --monitor-port; it stays up after the job, until cluster down."""
+    monitor_image: str | None = field(default=None, metadata=flag(metavar="IMAGE"))
+    """The Prometheus image of --monitor (default: MONITOR_IMAGE of docker/versions.env; make monitor-image)."""
+    monitor_port: int = field(default=contract.MONITOR_PORT, metadata=flag(metavar="PORT"))
+    """--monitor: Prometheus's UI at http://127.0.0.1:PORT."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -554,7 +565,8 @@ def _prepare(args: argparse.Namespace) -> Run:
         image = f"{args.image_name}:{contract.flavour(spec.nodes.gpus_per_node)}"
         spec = dataclasses.replace(spec, job=dataclasses.replace(spec.job, image=image))
     folder = (args.state_dir / spec.job.name).resolve()
-    for name, text in compose.cluster_files(spec, folder).items():
+    monitor = compose.Monitor(**({"image": args.monitor_image} if args.monitor_image else {}), port=args.monitor_port)
+    for name, text in compose.cluster_files(spec, folder, monitor).items():
         atomic_write_text(folder / name, text)
     log_file = getattr(args, "log_file", None) or args.state_dir / f"{spec.job.name}.log"  # the command's log
     events_file = compose.events_file(folder)  # every container's agent and ranks append to it, as their user
@@ -562,7 +574,7 @@ def _prepare(args: argparse.Namespace) -> Run:
     events_file.touch()
     events_file.parent.chmod(0o777)
     events_file.chmod(0o666)
-    return Run(spec, folder, Path(log_file).resolve(), args.verbose)
+    return Run(spec, folder, Path(log_file).resolve(), args.verbose, monitor if args.monitor else None)
 
 
 def _down(run: Run) -> int:
@@ -619,6 +631,8 @@ def _up(run: Run, results: Path) -> int:
     spec = run.spec
     if not engine.has_image(spec.job.image):
         raise UsageError(f"image {spec.job.image} is missing: build it with `make images`")
+    if run.monitor and not engine.has_image(run.monitor.image):
+        raise UsageError(f"image {run.monitor.image} is missing: build it with `make monitor-image` (MONITOR=1 does)")
     shape = f"{spec.nodes.nodes} node(s) x {spec.nodes.nproc_per_node}"
     run.say(f"cluster: {spec.job.name}: {spec.job.launcher}, {shape}: {compose.job_line(spec)}")
     run.log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -635,6 +649,8 @@ def _up(run: Run, results: Path) -> int:
         detail = (started.stderr.strip().splitlines() or ["no output"])[-1]
         raise ClusterError(f"the cluster did not start: {detail}: see {run.log_file}")
     _limits(run)
+    if run.monitor:
+        _start_monitor(run)
     shape = {"launcher": spec.job.launcher, "nodes": spec.nodes.nodes, "nproc_per_node": spec.nodes.nproc_per_node}
     events.write(events.JOB_STARTED, events_file=compose.events_file(run.folder), job=spec.job.name, **shape)
     threads = [
@@ -671,6 +687,21 @@ def _up(run: Run, results: Path) -> int:
     if status:
         raise ClusterError(_failure(run, status), status)
     return 0
+
+
+def _start_monitor(run: Run) -> None:
+    """Start the monitor profile's Prometheus beside the running nodes; one line says where its UI is, or why it
+    did not start (the job goes on either way)."""
+    started = subprocess.run(run.compose("--profile", compose.MONITOR, "up", "--detach", "--wait", compose.PROMETHEUS),
+                             capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    run.log(f"compose up prometheus: exit {started.returncode}: {started.stdout}{started.stderr}")
+    if started.returncode == 0:
+        run.say(f"monitor: Prometheus at http://127.0.0.1:{run.monitor.port} scrapes every node's metrics "
+                "(e.g. the graph of ddp_job_samples_per_second); it stays up until make cluster-down")  # fmt: skip
+        return
+    detail = (started.stderr.strip().splitlines() or ["no output"])[-1]
+    run.say(f"monitor: Prometheus did not start ({detail}); the job goes on without it: free port "
+            f"{run.monitor.port} or give MONITOR_PORT, see {run.log_file}")  # fmt: skip
 
 
 def _failure(run: Run, status: int) -> str:
@@ -743,7 +774,8 @@ def _status(spec: ClusterSpec, state_dir: Path, as_json: bool) -> int:
             f"make cluster-up CLUSTER={name}, or name yours with --name"
         )
     records, _ = events.read(path)
-    containers.pop(compose.container(spec, compose.RENDEZVOUS), None)
+    for service in (compose.RENDEZVOUS, compose.PROMETHEUS):  # no node of the job
+        containers.pop(compose.container(spec, service), None)
     print(job_status.show(name, records, containers, as_json))
     return 0
 

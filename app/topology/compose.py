@@ -39,6 +39,8 @@ HEAD = "head"
 """The service of the first torchrun node (rank 0's while it is in the job)."""
 RENDEZVOUS = "rendezvous"
 """The service of the c10d rendezvous store (torchrun's --rdzv-endpoint): its loss alone ends the job."""
+PROMETHEUS = "prometheus"
+"""The monitor profile's Prometheus (no node of the job)."""
 WORKER, MPI_WORKER, LAUNCHER = "worker", "mpi-worker", "launcher"
 """The other services: torchrun's workers, the mpi profile's sshd nodes and its mpirun launcher."""
 STOP_GRACE_S = 10
@@ -49,6 +51,10 @@ OMP_THREADS = 1
 """OMP_NUM_THREADS of every rank: the containers share the machine's cores."""
 NODE_FILES, NO_SCRIPT = "node", "job"
 """Folders of the rendered files: what every node reads at /cluster (read-only); /job without --script."""
+MONITOR, MONITOR_CONFIG = "monitor", "prometheus.yml"
+"""The monitor profile's Prometheus: the folder of its rendered configuration, and the file."""
+SCRAPE_INTERVAL_S = 2
+"""How often the monitor profile's Prometheus scrapes each node: a digits epoch lasts a few seconds."""
 EVENTS, EVENTS_MOUNT, EVENTS_NAME = "events", contract.EVENTS_DIR, "events.jsonl"
 """The job's events (``app.events``): the folder beside the rendered files, where every container mounts it, and
 the file's name in it."""
@@ -148,7 +154,16 @@ def _quoted(value: str) -> str:
     return f'"{escaped}"'
 
 
-def env_file(spec: ClusterSpec, folder: Path) -> str:
+@dataclasses.dataclass(frozen=True)
+class Monitor:
+    """The monitor profile's Prometheus (``make cluster-up MONITOR=1``): its image and its UI's port on the host's
+    loopback."""
+
+    image: str = dataclasses.field(default_factory=lambda: contract.versions()["MONITOR_IMAGE"])
+    port: int = contract.MONITOR_PORT
+
+
+def env_file(spec: ClusterSpec, folder: Path, monitor: Monitor | None = None) -> str:
     """The variables compose.yaml reads (docker compose --env-file), for the files rendered into ``folder``."""
     check(spec)
     folder = Path(folder).resolve()
@@ -166,6 +181,9 @@ def env_file(spec: ClusterSpec, folder: Path) -> str:
         "NODE_FILES": os.fspath(folder / NODE_FILES),
         "EVENTS_DIR": os.fspath(folder / EVENTS),
         "EVENTS_FILE": f"{EVENTS_MOUNT}/{EVENTS_NAME}",
+        "MONITOR_IMAGE": (monitor or Monitor()).image,
+        "MONITOR_PORT": (monitor or Monitor()).port,
+        "MONITOR_FILES": os.fspath(folder / MONITOR),
     }
     return "".join(f"{key}={_quoted(str(value))}\n" for key, value in values.items())
 
@@ -225,10 +243,25 @@ def _events_to(hosts: tuple) -> list[str]:
     return ["-x", f"{envvars.EVENTS_FILE}={EVENTS_MOUNT}/{EVENTS_NAME}"] if hosts else []
 
 
-def cluster_files(spec: ClusterSpec, folder: Path) -> dict[str, str]:
+def prometheus_config(spec: ClusterSpec) -> str:
+    """The monitor profile's prometheus.yml: every torchrun node's metrics (``app node --serve-metrics``), their own
+    ``job`` and ``node`` labels kept (honor_labels). mpirun's nodes run no agent and serve none."""
+    nodes = [] if spec.job.launcher == "mpirun" else sorted(h.name for h in torchrun_hosts(spec))
+    scrape = {
+        "job_name": spec.job.name,
+        "honor_labels": True,
+        "static_configs": [{"targets": [f"{name}:{contract.METRICS_PORT}" for name in nodes]}],
+    }
+    interval = f"{SCRAPE_INTERVAL_S}s"
+    config = {"global": {"scrape_interval": interval, "evaluation_interval": interval}, "scrape_configs": [scrape]}
+    return json.dumps(config, indent=2) + "\n"
+
+
+def cluster_files(spec: ClusterSpec, folder: Path, monitor: Monitor | None = None) -> dict[str, str]:
     """Every file of the compose cluster, by its path under ``folder`` (where they are to be written)."""
     return {
-        "compose.env": env_file(spec, folder),
+        "compose.env": env_file(spec, folder, monitor),
+        f"{MONITOR}/{MONITOR_CONFIG}": prometheus_config(spec),
         "nodes.yaml": nodes_file(spec),
         **{f"{NODE_FILES}/{name}": text for name, text in node_files(spec).items()},
         f"{NO_SCRIPT}/README": f"No --script was given: this folder is mounted at {contract.JOB_DIR} in place of a "

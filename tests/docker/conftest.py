@@ -30,7 +30,8 @@ def run(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess
 
 def make(*args: str, timeout: float = JOB_TIMEOUT) -> subprocess.CompletedProcess:
     """`make --no-print-directory ARGS` with the test image and the offline base."""
-    return run(["make", "--no-print-directory", "BASE=local", f"IMAGE_NAME={IMAGE_NAME}", *args], timeout)
+    images = [f"IMAGE_NAME={IMAGE_NAME}", f"MONITOR_IMAGE={IMAGE_NAME}-prometheus:bookworm"]
+    return run(["make", "--no-print-directory", "BASE=local", *images, *args], timeout)
 
 
 def explain(proc: subprocess.CompletedProcess) -> str:

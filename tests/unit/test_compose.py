@@ -3,9 +3,10 @@
 Run: ``.venv/bin/python -m pytest tests/unit/test_compose.py`` (under a second).
 """
 
+import dataclasses
 import json
 
-from app import cli
+from app import cli, contract
 from app.topology import compose, render
 from app.topology.spec import build
 
@@ -42,8 +43,9 @@ def test_ranks_follow_c10ds_order_of_the_rendered_addresses():
 
 def test_the_nodes_get_rendered_files_not_the_spec(tmp_path):
     files = compose.cluster_files(SPEC, tmp_path)
-    assert sorted(files) == ["compose.env", "events/README", "job/README", "node/cluster.env", "node/hostfile",
-                             "node/mpirun.args", "node/ssh/README", "node/torchrun.args", "nodes.yaml"]  # fmt: skip
+    assert sorted(files) == ["compose.env", "events/README", "job/README", "monitor/prometheus.yml", "node/cluster.env",
+                             "node/hostfile", "node/mpirun.args", "node/ssh/README", "node/torchrun.args",
+                             "nodes.yaml"]  # fmt: skip
     assert "CLUSTER_SPEC" not in files["compose.env"] and "{" not in files["compose.env"]
     assert f"NODE_FILES='{tmp_path.resolve()}/node'" in files["compose.env"]
     # The c10d store has a container of its own, whose name matches no node: every node's agent is a client.
@@ -63,3 +65,16 @@ def test_topology_writes_the_compose_files(tmp_path, capsys):
     assert (tmp_path / "node" / "torchrun.args").read_text().startswith("--nnodes=3 ")
     assert cli.main(["topology", "--format", "compose-path"]) == 0
     assert capsys.readouterr().out == f"{compose.COMPOSE_FILE}\n" and compose.COMPOSE_FILE.is_file()
+
+
+def test_the_monitor_profiles_prometheus_scrapes_every_torchrun_node_and_keeps_their_labels(tmp_path) -> None:
+    files = compose.cluster_files(SPEC, tmp_path, compose.Monitor(image="p:1", port=9999))
+    config = json.loads(files["monitor/prometheus.yml"])
+    [scrape] = config["scrape_configs"]
+    assert scrape["job_name"] == SPEC.job.name and scrape["honor_labels"] is True
+    nodes = sorted(h.name for h in compose.torchrun_hosts(SPEC))
+    assert scrape["static_configs"] == [{"targets": [f"{name}:{contract.METRICS_PORT}" for name in nodes]}]
+    assert "MONITOR_IMAGE='p:1'" in files["compose.env"] and "MONITOR_PORT='9999'" in files["compose.env"]
+    assert f"MONITOR_FILES='{tmp_path.resolve()}/monitor'" in files["compose.env"]
+    mpi = dataclasses.replace(SPEC, job=dataclasses.replace(SPEC.job, launcher="mpirun"))
+    assert json.loads(compose.prometheus_config(mpi))["scrape_configs"][0]["static_configs"] == [{"targets": []}]

@@ -49,33 +49,64 @@ RECORDS = [
 ]
 
 
-def test_a_node_serves_its_ranks_its_gate_figures_and_the_job_in_base_units() -> None:
+def test_rank_0s_node_serves_every_rank_the_nodes_training_and_the_job_in_base_units() -> None:
+    found = _samples(_exposition(HEAD, RECORDS, now=T0 + 10))
+    head, worker = (("job", "c"), ("node", HEAD)), (("job", "c"), ("node", WORKER))
+    assert found["ddp_rank_busy_seconds", (*worker, ("rank", "3"))] == 0.033  # each rank under the node it is on
+    assert found["ddp_rank_busy_ratio", (*worker, ("rank", "3"))] == 3.0
+    assert found["ddp_rank_wait_seconds", (*worker, ("rank", "2"))] == 0.022  # it waits for rank 3
+    assert found["ddp_rank_wait_seconds", (*worker, ("rank", "3"))] == 0.0
+    assert found["ddp_rank_busy_seconds", (*head, ("rank", "0"))] == 0.010
+    assert {labels[-1] for name, labels in found if name == "ddp_rank_busy_seconds"} == {
+        ("rank", str(r)) for r in range(4)
+    }
+    assert found["ddp_node_training", head] == 1.0 and found["ddp_node_training", worker] == 1.0
+    assert found["ddp_node_gate_kept_out", head] == 0.0
+    assert found["ddp_job_step", head] == 40 and found["ddp_job_world_size", head] == 4
+    assert found["ddp_job_samples_per_second", head] == 20000.0
+    assert found["ddp_job_global_batch_size", head] == 256 and found["ddp_job_accumulation_steps", head] == 1
+    assert found["ddp_job_restarts_total", head] == 1 and found["ddp_job_steps_lost_total", head] == 3
+    assert found["ddp_job_resizes_total", head] == 0 and found["ddp_job_evictions_total", head] == 0
+    assert found["ddp_job_last_checkpoint_step", head] == 20
+    assert found["ddp_job_last_checkpoint_timestamp_seconds", head] == T0 + 6
+
+
+def test_another_node_serves_its_own_gate_and_devices_and_nothing_twice() -> None:
     found = _samples(_exposition(WORKER, RECORDS, now=T0 + 10))
     node = (("job", "c"), ("node", WORKER))
-    assert found["ddp_rank_busy_seconds", (*node, ("rank", "3"))] == 0.033
-    assert found["ddp_rank_busy_ratio", (*node, ("rank", "3"))] == 3.0
-    assert found["ddp_rank_wait_seconds", (*node, ("rank", "2"))] == 0.022  # it waits for rank 3
-    assert found["ddp_rank_wait_seconds", (*node, ("rank", "3"))] == 0.0
-    assert {labels[-1] for name, labels in found if name == "ddp_rank_busy_seconds"} == {("rank", "2"), ("rank", "3")}
     assert found["ddp_node_device_matmul_flops", (("device", "cpu"), *node)] == 80e9
     assert found["ddp_node_device_copy_bytes_per_second", (("device", "cpu"), *node)] == 4e9
-    assert found["ddp_node_training", node] == 1.0 and found["ddp_node_gate_kept_out", node] == 0.0
-    assert found["ddp_job_step", node] == 40 and found["ddp_job_world_size", node] == 4
-    assert found["ddp_job_samples_per_second", node] == 20000.0
-    assert found["ddp_job_global_batch_size", node] == 256 and found["ddp_job_accumulation_steps", node] == 1
-    assert found["ddp_job_restarts_total", node] == 1 and found["ddp_job_steps_lost_total", node] == 3
-    assert found["ddp_job_resizes_total", node] == 0
-    assert found["ddp_job_last_checkpoint_step", node] == 20
-    assert found["ddp_job_last_checkpoint_timestamp_seconds", node] == T0 + 6
+    assert found["ddp_node_gate_kept_out", node] == 0.0
+    assert {name for name, _ in found} == {  # the job's and the ranks' come from rank 0's node alone
+        "ddp_node_gate_kept_out",
+        "ddp_node_device_matmul_flops",
+        "ddp_node_device_copy_bytes_per_second",
+    }
+
+
+def test_before_the_first_exchange_every_node_serves_the_job() -> None:
+    found = _samples(_exposition(WORKER, RECORDS[:2], now=T0 + 2))
+    node = (("job", "c"), ("node", WORKER))
+    assert found["ddp_job_restarts_total", node] == 0 and found["ddp_node_training", node] == 0.0
+    assert not [name for name, _ in found if name.startswith("ddp_rank_")]
+
+
+def test_an_eviction_is_counted() -> None:
+    evicted = [*RECORDS, _record(events.EVICTED, T0 + 11, node="host", evicted=WORKER, factor=4.1, window_s=60)]
+    found = _samples(_exposition(HEAD, evicted, now=T0 + 12))
+    assert found["ddp_job_evictions_total", (("job", "c"), ("node", HEAD))] == 1
 
 
 def test_a_kept_out_node_says_so_and_trains_no_more() -> None:
     kept = [*RECORDS, _record(events.GATE, T0 + 11, node=HEAD, verdict=events.KEPT_OUT, detail="slow")]
     kept.append(_exchange(T0 + 12, 60, [WORKER, WORKER], [10.0, 10.0]))
     found = _samples(_exposition(HEAD, kept, now=T0 + 13))
-    node = (("job", "c"), ("node", HEAD))
-    assert found["ddp_node_gate_kept_out", node] == 1.0 and found["ddp_node_training", node] == 0.0
-    assert not [name for name, _ in found if name.startswith("ddp_rank_")]  # none of its ranks is in the job
+    assert found["ddp_node_gate_kept_out", (("job", "c"), ("node", HEAD))] == 1.0
+    assert not [name for name, _ in found if name.startswith(("ddp_rank_", "ddp_job_"))]  # rank 0 is elsewhere now
+    by_worker = _samples(_exposition(WORKER, kept, now=T0 + 13))  # which says so
+    assert by_worker["ddp_node_training", (("job", "c"), ("node", HEAD))] == 0.0
+    assert by_worker["ddp_node_training", (("job", "c"), ("node", WORKER))] == 1.0
+    assert {labels[1] for name, labels in by_worker if name == "ddp_rank_busy_seconds"} == {("node", WORKER)}
 
 
 def test_served_over_http_and_a_port_in_use_is_one_line(tmp_path) -> None:
@@ -86,10 +117,10 @@ def test_served_over_http_and_a_port_in_use_is_one_line(tmp_path) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    line = metrics.serve(port, "127.0.0.1", "c", WORKER, file)
-    assert line == f"metrics: http://{WORKER}:{port}/metrics"
+    line = metrics.serve(port, "127.0.0.1", "c", HEAD, file)
+    assert line == f"metrics: http://{HEAD}:{port}/metrics"
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
         text = answer.read().decode()
-    assert _samples(text)["ddp_job_step", (("job", "c"), ("node", WORKER))] == 40
-    again = metrics.serve(port, "127.0.0.1", "c", WORKER, file)
+    assert _samples(text)["ddp_job_step", (("job", "c"), ("node", HEAD))] == 40
+    again = metrics.serve(port, "127.0.0.1", "c", HEAD, file)
     assert again.startswith(f"metrics: not served: port {port} on 127.0.0.1 (") and "the job goes on" in again
