@@ -649,10 +649,10 @@ def _up(run: Run, results: Path) -> int:
         detail = (started.stderr.strip().splitlines() or ["no output"])[-1]
         raise ClusterError(f"the cluster did not start: {detail}: see {run.log_file}")
     _limits(run)
-    if run.monitor:
-        _start_monitor(run)
     shape = {"launcher": spec.job.launcher, "nodes": spec.nodes.nodes, "nproc_per_node": spec.nodes.nproc_per_node}
     events.write(events.JOB_STARTED, events_file=compose.events_file(run.folder), job=spec.job.name, **shape)
+    if run.monitor:  # (after the start's record: no scrape of it shows the last job's figures)
+        _start_monitor(run)
     threads = [
         threading.Thread(target=_watch_nodes, args=(run, stop, since), daemon=True),
         threading.Thread(target=_read_events, args=(run, stop, offset), daemon=True),
