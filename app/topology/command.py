@@ -11,6 +11,8 @@
     python -m app topology --nodes 4 --namespace ml --results-claim ddp-results --format k8s --output job.yaml
     python -m app topology --format trainingruntime --output runtime.yaml      # Kubeflow Trainer v2 (trainjob.py)
     python -m app topology --nodes 4 --format trainjob --output trainjob.yaml
+    python -m app topology --nodes 4 --format podmonitor --output podmonitor.yaml   # Prometheus Operator
+    python -m app topology --hosts node0:2,node1:2 --format prometheus --output prometheus-scrape.yml
 
 The spec comes from its defaults, a TOML file (``--spec``; or ``--spec-json``, what ``--format json``
 prints) and the flags below, the flags winning. Hosts by name come from
@@ -32,7 +34,7 @@ from typing import Any
 from app import contract, flags
 from app.atomic import atomic_write_text
 from app.errors import UsageError
-from app.topology import compose, kube, render, slurm, spec, sshkeys, trainjob
+from app.topology import compose, kube, prometheus, render, slurm, spec, sshkeys, trainjob
 from app.topology.spec import ClusterSpec, Host
 
 __doc__ = f"{__doc__}\n{trainjob.CANNOT_EXPRESS}"  # the --help epilog ends with Trainer v2's limits
@@ -132,6 +134,14 @@ FORMATS: dict[str, tuple[Renderer, str]] = {
     "trainingruntime": (
         lambda r: trainjob.render_trainingruntime(r.spec),
         "Kubeflow Trainer v2: our ClusterTrainingRuntime (torch policy, hardened JobSet, --max-restarts)",
+    ),
+    "podmonitor": (
+        lambda r: kube.render_podmonitor(r.spec),
+        "Prometheus Operator: a PodMonitor of the job's pods (k8s, pytorchjob, trainjob) and their metrics port",
+    ),
+    "prometheus": (
+        lambda r: prometheus.render_scrape_config(r.spec, _named_hosts(r)),
+        f"Prometheus: the scrape configuration of every host's metrics (port {contract.METRICS_PORT}): prometheus.yml",
     ),
     "nproc-per-node": (lambda r: f"{r.spec.nodes.nproc_per_node}\n", "processes per node (make's local targets)"),
     "flavour": (

@@ -49,7 +49,7 @@ OMP_THREADS = 1
 """OMP_NUM_THREADS of every rank: the containers share the machine's cores."""
 NODE_FILES, NO_SCRIPT = "node", "job"
 """Folders of the rendered files: what every node reads at /cluster (read-only); /job without --script."""
-EVENTS, EVENTS_MOUNT, EVENTS_NAME = "events", contract.EVENTS_DIR, "events.jsonl"
+EVENTS, EVENTS_MOUNT, EVENTS_NAME = "events", contract.EVENTS_DIR, contract.EVENTS_NAME
 """The job's events (``app.events``): the folder beside the rendered files, where every container mounts it, and
 the file's name in it."""
 
