@@ -201,14 +201,14 @@ def cel_violations(schema: dict, instance, path: str = "") -> list[str]:
 
 
 def node_agent_torchrun(command: list[str]):
-    """torchrun's arguments in a node's command, ``python -m app node --serve-metrics -- ARGS JOB``, read by the app's
+    """torchrun's arguments in a node's command, ``PYTHON -m app node --serve-metrics -- ARGS JOB``, read by the app's
     own parser and then torchrun's (which takes the PET_* variables of the environment as its defaults, as torchrun
     would); fails unless the command runs the node agent serving its metrics."""
     from torch.distributed.run import get_args_parser
 
     from app import cli
 
-    assert command[:4] == ["python", "-m", "app", "node"], command
+    assert command[1:4] == ["-m", "app", "node"], command  # after a Python
     parser, _ = cli.build_parser("node")
     node = parser.parse_args(command[4:])
     assert node.serve_metrics, command
