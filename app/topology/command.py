@@ -56,7 +56,7 @@ def _named_hosts(req: Request) -> tuple[Host, ...]:
     return req.spec.nodes.hosts
 
 
-DERIVED = ("world_size", "job_argv", "python_argv", "master", "env", "paths")
+DERIVED = ("world_size", "job_argv", "python_argv", "master", "env", "paths", "metrics")
 """What --format json adds to the spec's sections (--spec-json takes its output back and skips them)."""
 
 
@@ -68,6 +68,7 @@ def _json(req: Request) -> str:
         "job_argv": render.job_argv(s),
         "python_argv": render.python_argv(s),
         "paths": contract.PATHS,
+        "metrics": {"port": contract.METRICS_PORT, "path": contract.METRICS_PATH, "events_name": contract.EVENTS_NAME},
     }
     if s.nodes.hosts:
         data |= {"master": s.master(s.nodes.hosts), "env": render.env_vars(s, s.nodes.hosts)}
@@ -103,7 +104,11 @@ def _ssh_keys(req: Request) -> dict[str, str]:
 
 Renderer = Callable[[Request], "str | dict[str, str]"]
 FORMATS: dict[str, tuple[Renderer, str]] = {
-    "json": (_json, "the spec as JSON, with every default, the job's argv (and MASTER_ADDR and the env with --hosts)"),
+    "json": (
+        _json,
+        "the spec as JSON, with every default, the job's argv, the metrics' port (and MASTER_ADDR and the env with "
+        "--hosts)",
+    ),
     "hostfile": (lambda r: render.render_hostfile(_named_hosts(r)), "OpenMPI hostfile: 'NAME slots=N' per host"),
     "env": (lambda r: render.render_env(r.spec, _named_hosts(r)), "KEY=VALUE lines every rank needs"),
     "torchrun": (
