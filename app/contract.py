@@ -25,6 +25,8 @@ METRICS_PORT = 9473
 cluster network only (9400 is DCGM exporter's, 9100 node exporter's)."""
 MONITOR_PORT = 9090
 """The host's loopback port of the mini-cluster's Prometheus UI (make cluster-up MONITOR=1: Prometheus's own)."""
+METRICS_PATH = "/metrics"
+"""The path of those metrics (prometheus-client's server answers any path; scrapes name this one)."""
 
 JOB_DIR = "/job"
 """In the image: where a user's script folder is mounted read-only (compose, Kubernetes)."""
@@ -34,6 +36,8 @@ RESULTS_DIR = "/results"
 """In the image: where a job writes its results (checkpoints, metrics, summaries), brought back by each engine."""
 EVENTS_DIR = "/events"
 """In the image: the folder of the job's events file (app/events.py), a host folder that the runner reads."""
+EVENTS_NAME = "events.jsonl"
+"""The events file's name, in EVENTS_DIR (compose) or in a folder of the node's own (the other engines)."""
 
 PATHS = {"job": JOB_DIR, "cluster": CLUSTER_DIR, "results": RESULTS_DIR, "events": EVENTS_DIR}
 """The in-image paths by name, as ``app topology --format json`` gives them to engines outside Python (Ansible)."""

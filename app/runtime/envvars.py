@@ -56,6 +56,9 @@ SLURM_JOB_ID = "SLURM_JOB_ID"
 PET_NNODES = "PET_NNODES"
 """torchrun's --nnodes as Kubeflow Trainer's torch plugin sets it in every trainer pod (torchrun reads
 PET_<OPTION> for each option; its workers inherit it)."""
+PET_RDZV_ID = "PET_RDZV_ID"
+"""torchrun's --rdzv-id as a variable: a TrainJob's (static rendezvous) names its job by it, so that the node's
+metrics carry the job's name (``app node`` labels them with the rendezvous id)."""
 NODE_COUNTS = ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", NNODES, PET_NNODES)
 """Where the environment names the job's node count apart from the ranks (first set wins): Slurm's step,
 then its allocation, then NNODES of a cluster env file, then Kubeflow Trainer's PET_NNODES. A job of

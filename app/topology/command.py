@@ -11,6 +11,8 @@
     python -m app topology --nodes 4 --namespace ml --results-claim ddp-results --format k8s --output job.yaml
     python -m app topology --format trainingruntime --output runtime.yaml      # Kubeflow Trainer v2 (trainjob.py)
     python -m app topology --nodes 4 --format trainjob --output trainjob.yaml
+    python -m app topology --nodes 4 --format podmonitor --output podmonitor.yaml   # Prometheus Operator
+    python -m app topology --hosts node0:2,node1:2 --format prometheus --output prometheus-scrape.yml
 
 The spec comes from its defaults, a TOML file (``--spec``; or ``--spec-json``, what ``--format json``
 prints) and the flags below, the flags winning. Hosts by name come from
@@ -32,7 +34,7 @@ from typing import Any
 from app import contract, flags
 from app.atomic import atomic_write_text
 from app.errors import UsageError
-from app.topology import compose, kube, render, slurm, spec, sshkeys, trainjob
+from app.topology import compose, kube, prometheus, render, slurm, spec, sshkeys, trainjob
 from app.topology.spec import ClusterSpec, Host
 
 __doc__ = f"{__doc__}\n{trainjob.CANNOT_EXPRESS}"  # the --help epilog ends with Trainer v2's limits
@@ -54,7 +56,7 @@ def _named_hosts(req: Request) -> tuple[Host, ...]:
     return req.spec.nodes.hosts
 
 
-DERIVED = ("world_size", "job_argv", "python_argv", "master", "env", "paths")
+DERIVED = ("world_size", "job_argv", "python_argv", "master", "env", "paths", "metrics")
 """What --format json adds to the spec's sections (--spec-json takes its output back and skips them)."""
 
 
@@ -66,6 +68,7 @@ def _json(req: Request) -> str:
         "job_argv": render.job_argv(s),
         "python_argv": render.python_argv(s),
         "paths": contract.PATHS,
+        "metrics": {"port": contract.METRICS_PORT, "path": contract.METRICS_PATH, "events_name": contract.EVENTS_NAME},
     }
     if s.nodes.hosts:
         data |= {"master": s.master(s.nodes.hosts), "env": render.env_vars(s, s.nodes.hosts)}
@@ -101,7 +104,11 @@ def _ssh_keys(req: Request) -> dict[str, str]:
 
 Renderer = Callable[[Request], "str | dict[str, str]"]
 FORMATS: dict[str, tuple[Renderer, str]] = {
-    "json": (_json, "the spec as JSON, with every default, the job's argv (and MASTER_ADDR and the env with --hosts)"),
+    "json": (
+        _json,
+        "the spec as JSON, with every default, the job's argv, the metrics' port (and MASTER_ADDR and the env with "
+        "--hosts)",
+    ),
     "hostfile": (lambda r: render.render_hostfile(_named_hosts(r)), "OpenMPI hostfile: 'NAME slots=N' per host"),
     "env": (lambda r: render.render_env(r.spec, _named_hosts(r)), "KEY=VALUE lines every rank needs"),
     "torchrun": (
@@ -132,6 +139,14 @@ FORMATS: dict[str, tuple[Renderer, str]] = {
     "trainingruntime": (
         lambda r: trainjob.render_trainingruntime(r.spec),
         "Kubeflow Trainer v2: our ClusterTrainingRuntime (torch policy, hardened JobSet, --max-restarts)",
+    ),
+    "podmonitor": (
+        lambda r: kube.render_podmonitor(r.spec),
+        "Prometheus Operator: a PodMonitor of the job's pods (k8s, pytorchjob, trainjob) and their metrics port",
+    ),
+    "prometheus": (
+        lambda r: prometheus.render_scrape_config(r.spec, _named_hosts(r)),
+        f"Prometheus: the scrape configuration of every host's metrics (port {contract.METRICS_PORT}): prometheus.yml",
     ),
     "nproc-per-node": (lambda r: f"{r.spec.nodes.nproc_per_node}\n", "processes per node (make's local targets)"),
     "flavour": (

@@ -26,7 +26,7 @@ from pathlib import Path
 from app import contract
 from app.errors import UsageError
 from app.runtime import envvars
-from app.topology import render
+from app.topology import prometheus, render
 from app.topology.spec import ClusterSpec, Host
 
 COMPOSE_FILE = contract.shipped(contract.COMPOSE_FILE)
@@ -55,7 +55,7 @@ MONITOR, MONITOR_CONFIG = "monitor", "prometheus.yml"
 """The monitor profile's Prometheus: the folder of its rendered configuration, and the file."""
 SCRAPE_INTERVAL_S = 2
 """How often the monitor profile's Prometheus scrapes each node: a digits epoch lasts a few seconds."""
-EVENTS, EVENTS_MOUNT, EVENTS_NAME = "events", contract.EVENTS_DIR, "events.jsonl"
+EVENTS, EVENTS_MOUNT, EVENTS_NAME = "events", contract.EVENTS_DIR, contract.EVENTS_NAME
 """The job's events (``app.events``): the folder beside the rendered files, where every container mounts it, and
 the file's name in it."""
 
@@ -244,16 +244,14 @@ def _events_to(hosts: tuple) -> list[str]:
 
 
 def prometheus_config(spec: ClusterSpec) -> str:
-    """The monitor profile's prometheus.yml: every torchrun node's metrics (``app node --serve-metrics``), their own
-    ``job`` and ``node`` labels kept (honor_labels). mpirun's nodes run no agent and serve none."""
-    nodes = [] if spec.job.launcher == "mpirun" else sorted(h.name for h in torchrun_hosts(spec))
-    scrape = {
-        "job_name": spec.job.name,
-        "honor_labels": True,
-        "static_configs": [{"targets": [f"{name}:{contract.METRICS_PORT}" for name in nodes]}],
-    }
+    """The monitor profile's prometheus.yml: the job's scrape entry (``prometheus.scrape_entry``) over every torchrun
+    node; mpirun's nodes run no agent and serve none."""
+    nodes = () if spec.job.launcher == "mpirun" else tuple(sorted(torchrun_hosts(spec), key=lambda h: h.name))
     interval = f"{SCRAPE_INTERVAL_S}s"
-    config = {"global": {"scrape_interval": interval, "evaluation_interval": interval}, "scrape_configs": [scrape]}
+    config = {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        "scrape_configs": [prometheus.scrape_entry(spec, nodes)],
+    }
     return json.dumps(config, indent=2) + "\n"
 
 

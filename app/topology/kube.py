@@ -17,6 +17,14 @@ replaced pod can join. A NetworkPolicy admits only the job's own pods: the rende
 gloo/NCCL take any connection. ``pytorchjob``: the training operator gives torchrun its settings
 (PET_* variables) from ``elasticPolicy``; the Master hosts the c10d rendezvous.
 
+Every node serves its Prometheus metrics (app/metrics.py) on its ``metrics`` port, contract.METRICS_PORT,
+read from the pod's own events file on /tmp: ``ddp-node`` does, and the PyTorchJob's nodes run the same
+agent (``python -m app node --serve-metrics``). The pods carry the usual ``prometheus.io/*`` annotations;
+``--format podmonitor`` renders the Prometheus Operator's PodMonitor; the NetworkPolicy admits the
+Prometheus pods of ``--prometheus-pods`` (any namespace) to that port only.
+
+    python -m app topology --nodes 2 --format podmonitor --output build/k8s/podmonitor.yaml
+
 Pods run as the image's user ``app`` with a read-only root file system, no capabilities and the
 runtime's seccomp profile; /tmp, the cache and /dev/shm are emptyDirs, /results the user's claim.
 """
@@ -38,6 +46,18 @@ input (2), the entrypoint cannot run its command (126, 127). A pod killed by a s
 a lost machine) is replaced instead, at most max_restarts times, and rejoins in a new round."""
 PYTORCHJOB_CONTAINER, PYTORCHJOB_PORT = "pytorch", "pytorchjob-port"
 """The container and port names that the Kubeflow training operator looks for."""
+METRICS_PORT_NAME = "metrics"
+"""The nodes' metrics port (contract.METRICS_PORT) by name, as the PodMonitor scrapes it."""
+EVENTS_FILE = f"/tmp/{contract.EVENTS_NAME}"
+"""Each pod's own events file, on its /tmp emptyDir (the root is read-only): what its node serves metrics from."""
+SCRAPE_ANNOTATIONS = {
+    "prometheus.io/scrape": "true",
+    "prometheus.io/port": str(contract.METRICS_PORT),
+    "prometheus.io/path": contract.METRICS_PATH,
+}
+"""The pod annotations by which a Prometheus's ``kubernetes_sd_configs`` (role: pod) finds the nodes' metrics."""
+PODMONITOR_API = "monitoring.coreos.com/v1"
+"""The Prometheus Operator's API of the PodMonitor (``--format podmonitor``)."""
 
 
 def check(spec: ClusterSpec, *, ships_script: bool = False) -> None:
@@ -88,10 +108,18 @@ def resources(spec: ClusterSpec) -> dict:
 
 def env(spec: ClusterSpec) -> list[dict]:
     """The container's variables: the interface for gloo and NCCL, when the spec names one; torch's flight
-    recorder, always."""
+    recorder and the pod's own events file (its node serves metrics from it), always."""
     ifname = spec.rendezvous.ifname
     values = dict.fromkeys(envvars.IFNAME_VARIABLES, ifname) if ifname else {}
-    return [{"name": n, "value": v} for n, v in (values | envvars.FLIGHT_RECORDER).items()]
+    values |= envvars.FLIGHT_RECORDER | {envvars.EVENTS_FILE: EVENTS_FILE}
+    return [{"name": n, "value": v} for n, v in values.items()]
+
+
+def node_agent(job: list[str]) -> list[str]:
+    """The image's node agent serving the node's metrics (``app node``: the health gate, then torchrun's agent in
+    its process), for pods whose torchrun arguments are the operator's PET_* variables (torch's parser reads
+    them as torchrun does): the command of the PyTorchJob's and the TrainJob's nodes."""
+    return ["python", "-m", "app", "node", "--serve-metrics", "--", *job]
 
 
 CONTAINER_SECURITY = {
@@ -140,11 +168,12 @@ def tolerations(spec: ClusterSpec) -> list[dict]:
 
 
 def node_container(spec: ClusterSpec, name: str, command: list[str], port_name: str, mounts: list[dict]) -> dict:
-    """The node's container: unprivileged, read-only root, the spec's resources."""
+    """The node's container: unprivileged, read-only root, the spec's resources, its rendezvous and metrics ports."""
     fields: dict = {"name": name, "image": spec.job.image, "imagePullPolicy": "IfNotPresent", "command": command}
     fields["env"] = env(spec)
+    metrics = {"name": METRICS_PORT_NAME, "containerPort": contract.METRICS_PORT, "protocol": "TCP"}
     return fields | {
-        "ports": [{"name": port_name, "containerPort": spec.rendezvous.master_port, "protocol": "TCP"}],
+        "ports": [{"name": port_name, "containerPort": spec.rendezvous.master_port, "protocol": "TCP"}, metrics],
         "resources": resources(spec),
         "securityContext": CONTAINER_SECURITY,
         "volumeMounts": volume_mounts(mounts),
@@ -152,7 +181,8 @@ def node_container(spec: ClusterSpec, name: str, command: list[str], port_name: 
 
 
 def pod_template(spec: ClusterSpec, node: dict, extra_volumes: list[dict], **fields) -> dict:
-    """A pod template of the job: its labels, security context, volumes and ``fields`` (e.g. subdomain)."""
+    """A pod template of the job: its labels and scrape annotations, security context, volumes and ``fields`` (e.g.
+    subdomain)."""
     spec_fields = {
         **fields,
         "automountServiceAccountToken": False,
@@ -163,17 +193,32 @@ def pod_template(spec: ClusterSpec, node: dict, extra_volumes: list[dict], **fie
     }
     if tolerations(spec):
         spec_fields["tolerations"] = tolerations(spec)
-    return {"metadata": {"labels": labels(spec)}, "spec": spec_fields}
+    return {"metadata": {"labels": labels(spec), "annotations": SCRAPE_ANNOTATIONS}, "spec": spec_fields}
 
 
 def network_policy(spec: ClusterSpec) -> dict:
-    """Only the job's own pods may connect to its pods (rendezvous, gloo and NCCL on any port)."""
+    """Only the job's own pods may connect to its pods (rendezvous, gloo and NCCL on any port); the Prometheus pods
+    of ``--prometheus-pods`` (in any namespace) may reach the metrics port, and nothing else."""
     own = {"podSelector": {"matchLabels": labels(spec)}}
+    prometheus = {"namespaceSelector": {}, "podSelector": {"matchLabels": spec.kubernetes.prometheus_labels()}}
+    scrape = {"from": [prometheus], "ports": [{"protocol": "TCP", "port": contract.METRICS_PORT}]}
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": metadata(spec, spec.job.name),
-        "spec": {**own, "policyTypes": ["Ingress"], "ingress": [{"from": [own]}]},
+        "spec": {**own, "policyTypes": ["Ingress"], "ingress": [{"from": [own]}, scrape]},
+    }
+
+
+def pod_monitor(spec: ClusterSpec) -> dict:
+    """The Prometheus Operator's PodMonitor of the job's pods (by its labels): their ``metrics`` port, the series'
+    own ``job`` and ``node`` labels kept (honorLabels)."""
+    endpoint = {"port": METRICS_PORT_NAME, "path": contract.METRICS_PATH, "honorLabels": True}
+    return {
+        "apiVersion": PODMONITOR_API,
+        "kind": "PodMonitor",
+        "metadata": metadata(spec, spec.job.name),
+        "spec": {"selector": {"matchLabels": labels(spec)}, "podMetricsEndpoints": [endpoint]},
     }
 
 
@@ -246,7 +291,7 @@ def pytorch_job(spec: ClusterSpec) -> dict:
     name, nodes, r = spec.job.name, spec.nodes.nodes, spec.rendezvous
     if nodes < 2:
         raise UsageError("--format pytorchjob needs --nodes 2 or more (a Master and a Worker); one node: --format k8s")
-    command = ["torchrun", *render.job_argv(spec)]
+    command = node_agent(render.job_argv(spec))
     pod = pod_template(spec, node_container(spec, PYTORCHJOB_CONTAINER, command, PYTORCHJOB_PORT, []), [])
 
     def replicas(count: int) -> dict:
@@ -296,3 +341,9 @@ def render_pytorchjob(spec: ClusterSpec) -> str:
     """``--format pytorchjob``: the NetworkPolicy and the Kubeflow PyTorchJob."""
     check(spec)
     return documents(spec, "pytorchjob", [network_policy(spec), pytorch_job(spec)])
+
+
+def render_podmonitor(spec: ClusterSpec) -> str:
+    """``--format podmonitor``: the PodMonitor of the pods of ``k8s``, ``pytorchjob`` or ``trainjob``."""
+    check(spec, ships_script=True)
+    return documents(spec, "podmonitor", [pod_monitor(spec)])

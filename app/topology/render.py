@@ -69,7 +69,8 @@ def torchrun_args(spec: ClusterSpec, hosts: tuple[Host, ...], node_rank: int | N
         )
     if not 0 <= node_rank < len(hosts):
         raise UsageError(f"--node-rank {node_rank} must be in [0, {len(hosts)}) for {len(hosts)} hosts")
-    return [*args, f"--node-rank={node_rank}", f"--master-addr={spec.master(hosts)}", f"--master-port={r.master_port}"]
+    static = [f"--node-rank={node_rank}", f"--master-addr={spec.master(hosts)}", f"--master-port={r.master_port}"]
+    return [*args, *static, f"--rdzv-id={spec.job.name}"]  # the job's name: its metrics' job label
 
 
 def agent_args(spec: ClusterSpec, nnodes: int | str, nproc_per_node: int) -> list[str]:

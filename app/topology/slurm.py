@@ -7,8 +7,9 @@
 
 Two styles, chosen by the spec's ``job.launcher``:
 
-- ``torchrun``: ``srun --ntasks-per-node=1`` starts one torchrun agent per node, with the node's
-  CPUs (cpus_per_rank x nproc_per_node); the agents meet in a c10d rendezvous on the first node
+- ``torchrun``: ``srun --ntasks-per-node=1`` starts one node agent per node (``python -m app node``: the
+  node's health gate, then torchrun's agent in its process), with the node's CPUs (cpus_per_rank x
+  nproc_per_node); the agents meet in a c10d rendezvous on the first node
   of the allocation (``scontrol show hostnames "$SLURM_JOB_NODELIST"``), the job id as the
   rendezvous id, and restart the workers up to ``max_restarts`` times. The srun style starts each
   rank once (``max_restarts`` does not apply; ``--requeue`` restarts the whole job). With
@@ -17,6 +18,11 @@ Two styles, chosen by the spec's ``job.launcher``:
 - ``srun``: one Slurm task per rank (``srun --mpi=pmi2``, the spec's ``slurm.mpi``); every process
   describes itself from SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID and SLURM_JOB_NODELIST
   (app/runtime/launcher.py), the first node serving the rendezvous.
+
+In the torchrun style every node serves its Prometheus metrics (app/metrics.py) on contract.METRICS_PORT, read
+from an events file of its own (``/tmp/<name>-<job id>.events.jsonl``: /tmp is each node's), labelled with the
+job id (the rendezvous id); ``--format prometheus`` with the partition's hosts renders a scrape configuration
+(docs/engines.md). The srun style starts no agent: nothing serves them.
 
 The rendezvous port is the spec's ``master_port`` when it is not the default; at the default it is
 20000 + job id % 10000 (``envvars``' rule, which the launcher applies under srun), so jobs that
@@ -119,7 +125,11 @@ def _environment(spec: ClusterSpec) -> list[str]:
     values = {"OMP_NUM_THREADS": str(spec.slurm.cpus_per_rank), **envvars.FLIGHT_RECORDER}
     if spec.rendezvous.ifname:
         values |= dict.fromkeys(envvars.IFNAME_VARIABLES, spec.rendezvous.ifname)
-    return [f"export {key}={shlex.quote(value)}" for key, value in values.items()]
+    lines = [f"export {key}={shlex.quote(value)}" for key, value in values.items()]
+    if spec.job.launcher == "torchrun":  # srun passes it on; /tmp is each node's own
+        events = f"/tmp/{spec.job.name}-${envvars.SLURM_JOB_ID}.{contract.EVENTS_NAME}"
+        lines.append(f'export {envvars.EVENTS_FILE}="{events}"')
+    return lines
 
 
 def _torchrun_body(spec: ClusterSpec) -> list[str]:
@@ -127,15 +137,15 @@ def _torchrun_body(spec: ClusterSpec) -> list[str]:
     endpoint, run_id = Shell('"$head:$port"'), Shell(f'"${envvars.SLURM_JOB_ID}"')
     # all or none: one agent that gives up ends the step; elastic (--min-nodes): the other agents go on
     srun = ["srun", "--ntasks-per-node=1", f"--kill-on-bad-exit={0 if spec.nodes.elastic else 1}"]
-    torchrun = [spec.slurm.python, "-m", "torch.distributed.run"]
+    agent = [spec.slurm.python, "-m", "app", "node", "--serve-metrics", "--"]  # torchrun's agent, behind the gate
     shape = render.agent_args(spec, spec.nodes.nodes, spec.nodes.nproc_per_node)
     rdzv = [Shell(w) if w.endswith((endpoint, run_id)) else w for w in render.c10d_args(spec, endpoint, run_id)]
     return [
         f'mapfile -t nodes < <(scontrol show hostnames "${nodelist}")',
         'head="${nodes[0]}"',
         f"port={_port(spec)}",
-        f'echo "slurm: job ${envvars.SLURM_JOB_ID} on ${nodelist}: torchrun agents, rendezvous $head:$port"',
-        "exec " + _lines(srun, torchrun, shape, rdzv, _job(spec)),
+        f'echo "slurm: job ${envvars.SLURM_JOB_ID} on ${nodelist}: node agents, rendezvous $head:$port"',
+        "exec " + _lines(srun, agent, shape, rdzv, _job(spec)),
     ]
 
 

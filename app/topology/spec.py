@@ -310,6 +310,8 @@ class Slurm:
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _DNS_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _QUANTITY = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$")
 _SCALE = {"n": "1e-9", "u": "1e-6", "m": "1e-3", "": "1", "k": "1e3", "M": "1e6", "G": "1e9", "T": "1e12", "P": "1e15"}
 _SCALE |= {"E": "1e18"} | {f"{p}i": str(1024 ** (n + 1)) for n, p in enumerate("KMGTPE")}
@@ -350,6 +352,9 @@ class Kubernetes:
     training_runtime: str = field(default="ddp-cluster-torch", metadata=used_by("kubernetes"))
     """The ClusterTrainingRuntime that a TrainJob runs on (Kubeflow Trainer v2): ours, from --format
     trainingruntime, or Kubeflow's torch-distributed."""
+    prometheus_pods: str = field(default="app.kubernetes.io/name=prometheus", metadata=used_by("kubernetes"))
+    """Labels (KEY=VALUE,...) of the Prometheus pods, in any namespace, that the NetworkPolicy admits to the nodes'
+    metrics port (the Prometheus Operator's and the Helm chart's pods carry the default)."""
 
     def __post_init__(self) -> None:
         if not _DNS_LABEL.match(self.namespace):
@@ -360,6 +365,7 @@ class Kubernetes:
         for flag_name, value in (names | {"--training-runtime": self.training_runtime}).items():
             if len(value) > 253 or not _DNS_NAME.match(value):
                 raise UsageError(f"{flag_name} {value!r} must be a DNS name: lowercase letters, digits, '-' and '.'")
+        self.prometheus_labels()
         cpu = self._pair("cpu", self.cpu_request, self.cpu_limit)
         memory = self._pair("memory", self.memory_request, self.memory_limit)
         if cpu[0] < Decimal("0.001"):
@@ -371,6 +377,16 @@ class Kubernetes:
                 f"--shm-size {self.shm_size} exceeds --memory-limit {self.memory_limit}: /dev/shm is memory "
                 "and counts against the limit; lower --shm-size or raise --memory-limit"
             )
+
+    def prometheus_labels(self) -> dict[str, str]:
+        """``prometheus_pods`` as a label selector's matchLabels (a UsageError naming the flag if it is not one)."""
+        pairs = [pair.partition("=") for pair in self.prometheus_pods.split(",")]
+        if not all(_LABEL_KEY.match(key) and sep and _LABEL_VALUE.match(value) for key, sep, value in pairs):
+            raise UsageError(
+                f"--prometheus-pods {self.prometheus_pods!r} must be KEY=VALUE labels joined by commas, "
+                "e.g. app.kubernetes.io/name=prometheus"
+            )
+        return {key: value for key, _, value in pairs}
 
     @staticmethod
     def _pair(resource: str, request: str, limit: str) -> tuple[Decimal, Decimal]:

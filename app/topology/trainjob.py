@@ -10,14 +10,18 @@ hardening as the Indexed Job of ``--format k8s`` (whose pod parts ``kube`` build
     python -m app topology --training-runtime torch-distributed --format trainjob    # Kubeflow's default runtime
 
 The TrainJob names the runtime (``--training-runtime``) and gives the nodes (``numNodes``), processes
-per node (``numProcPerNode``), image, command (``torchrun -m app COMMAND``, or ``torchrun
-/job/SCRIPT ARGS`` with the script shipped in a ConfigMap), resources per node and the time limit
+per node (``numProcPerNode``), image, command (``python -m app node --serve-metrics -- -m app
+COMMAND``: torchrun's agent behind the node's health gate, serving its metrics; or ``... -- /job/SCRIPT
+ARGS`` with the script shipped in a ConfigMap), resources per node and the time limit
 (``activeDeadlineSeconds``); its ``runtimePatches`` carry the pod's security context, the labels of
-the NetworkPolicy beside it, /tmp, the cache, /dev/shm, /results and (GPU) the taint toleration,
-so that the hardening holds on any torch runtime. Trainer's torch plugin gives torchrun its place
-as PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK (the Job completion index), PET_MASTER_ADDR
-(``<name>-node-0-0.<name>``, pod 0 of the JobSet) and PET_MASTER_PORT (29500), which torchrun reads
-as its --nnodes, --nproc-per-node, --node-rank, --master-addr and --master-port: a static rendezvous.
+the NetworkPolicy beside it, the scrape annotations, /tmp, the cache, /dev/shm, /results and (GPU) the
+taint toleration, so that the hardening holds on any torch runtime. A runtime patch cannot declare a
+container port: the named ``metrics`` port of ``--format podmonitor`` is our runtime's. Trainer's
+torch plugin gives torchrun its place as PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK (the Job
+completion index), PET_MASTER_ADDR (``<name>-node-0-0.<name>``, pod 0 of the JobSet) and
+PET_MASTER_PORT (29500), which torchrun reads as its --nnodes, --nproc-per-node, --node-rank,
+--master-addr and --master-port: a static rendezvous. The TrainJob adds PET_RDZV_ID, the job's name:
+the job label of the nodes' metrics.
 
 What Trainer v2 cannot express that the other renderings do: ``CANNOT_EXPRESS`` below, which
 ``python -m app topology --help`` shows.
@@ -27,6 +31,7 @@ from pathlib import Path
 
 from app import contract
 from app.errors import UsageError
+from app.runtime import envvars
 from app.topology import kube, render
 from app.topology.spec import ClusterSpec
 
@@ -99,8 +104,9 @@ def _script_volume(spec: ClusterSpec) -> tuple[list[dict], list[dict]]:
 
 
 def command(spec: ClusterSpec) -> list[str]:
-    """torchrun and the job; the torch plugin's PET_* variables give torchrun everything else."""
-    return ["torchrun", *render.job_argv(spec, contract.JOB_DIR)]
+    """The node agent (torchrun's, serving the node's metrics) and the job; the torch plugin's PET_* variables give
+    it everything else."""
+    return kube.node_agent(render.job_argv(spec, contract.JOB_DIR))
 
 
 def _runtime_patch(spec: ClusterSpec) -> dict:
@@ -110,7 +116,8 @@ def _runtime_patch(spec: ClusterSpec) -> dict:
     pod = {"securityContext": kube.POD_SECURITY, "containers": [node], "volumes": kube.volumes(spec, volumes)}
     if kube.tolerations(spec):
         pod["tolerations"] = kube.tolerations(spec)
-    job = {"name": NODE, "template": {"spec": {"template": {"metadata": {"labels": kube.labels(spec)}, "spec": pod}}}}
+    meta = {"labels": kube.labels(spec), "annotations": kube.SCRAPE_ANNOTATIONS}
+    job = {"name": NODE, "template": {"spec": {"template": {"metadata": meta, "spec": pod}}}}
     return {"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [job]}}}}
 
 
@@ -123,8 +130,7 @@ def train_job(spec: ClusterSpec) -> dict:
         "numProcPerNode": spec.nodes.nproc_per_node,
         "resourcesPerNode": kube.resources(spec),
     }
-    if kube.env(spec):
-        trainer["env"] = kube.env(spec)
+    trainer["env"] = [*kube.env(spec), {"name": envvars.PET_RDZV_ID, "value": spec.job.name}]  # the metrics' job
     runtime = {"apiGroup": API_VERSION.split("/")[0], "kind": RUNTIME_KIND, "name": spec.kubernetes.training_runtime}
     return {
         "apiVersion": API_VERSION,
@@ -159,7 +165,7 @@ def training_runtime(spec: ClusterSpec) -> dict:
     node = kube.node_container(spec, NODE, command(spec), kube.PORT_NAME, [])
     pod = kube.pod_template(spec, node, [], restartPolicy="Never")
     own = {k: v for k, v in kube.labels(spec).items() if k != "app.kubernetes.io/instance"}  # any job may use it
-    pod["metadata"] = {"labels": own}
+    pod["metadata"] = {"labels": own, "annotations": kube.SCRAPE_ANNOTATIONS}
     exit_codes = {"containerName": NODE, "operator": "In", "values": list(FAIL_JOBSET_EXIT_CODES)}
     job = {
         "completionMode": "Indexed",

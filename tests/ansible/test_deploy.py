@@ -20,6 +20,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 
+from app import contract
 from app.orchestrate import engine
 from tests.ansible.conftest import ANSIBLE_DIR, ansible_env, record_timing, run_playbook
 from tests.rigs.nodes import nodes
@@ -56,6 +57,7 @@ def deployed(node_cluster: dict, tmp_path_factory: pytest.TempPathFactory) -> di
     job = {"name": "train", "image": node_cluster["image"], "command": "train --epochs 3 --out /results"}
     extravars = {"launch_fetch_dir": str(work / "runs"), "image_cache_dir": str(work / "images"),
                  "launch_ssh_key_dir": str(work / "ssh"), "image_build_command": "",
+                 "cluster_config_scrape_file": str(work / "prometheus-scrape.yml"),
                  "cluster_spec": {"job": job}}  # fmt: skip
     dry = run_playbook(DEPLOY, node_cluster["inventory"], extravars, cmdline="--check")
     assert dry.status == "successful" and dry.total("failures") == 0, dry.stdout[-4000:]
@@ -65,7 +67,7 @@ def deployed(node_cluster: dict, tmp_path_factory: pytest.TempPathFactory) -> di
     result = subprocess.run(command, cwd=nodes.REPO, capture_output=True, text=True, timeout=1800, env=ansible_env())
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     record_timing("full_deploy_s", time.monotonic() - start)
-    return {**node_cluster, "runs": work / "runs", "extravars": extravars, "output": result.stdout}
+    return {**node_cluster, "runs": work / "runs", "work": work, "extravars": extravars, "output": result.stdout}
 
 
 def node_exec(name: str, *command: str) -> str:
@@ -113,6 +115,30 @@ def test_nodes_hold_the_topology_files_and_the_same_image(deployed: dict) -> Non
     for name in deployed["names"]:
         assert node_exec(name, *inspect).strip() == controller
         assert node_exec(name, "docker", "ps", "-aq") == "", "a job container was left running"
+
+
+def test_every_node_serves_its_metrics_from_its_own_events_and_the_scrape_configuration_names_them(
+    deployed: dict,
+) -> None:
+    hostfile = node_exec(deployed["names"][0], "cat", "/etc/ddp-cluster/hostfile")
+    addresses = [line.split()[0] for line in hostfile.splitlines()]
+    for name in deployed["names"]:
+        host = node_exec(name, "hostname").strip()
+        log = (deployed["runs"] / "train" / f"{name}.log").read_text()
+        assert f"metrics: http://{host}:{contract.METRICS_PORT}/metrics" in log, log[-2000:]  # served, not "not served"
+        # its own events file in the job's results: its gate's record, not the other node's
+        events = node_exec(name, "cat", "/var/lib/ddp-cluster/runs/train/events.jsonl")
+        records = [json.loads(line) for line in events.splitlines()]
+        assert {r["node"] for r in records if r["kind"] == "gate"} == {host}, records
+    scrape = yaml.safe_load((deployed["work"] / "prometheus-scrape.yml").read_text())
+    assert scrape["scrape_configs"] == [
+        {
+            "job_name": "train",
+            "honor_labels": True,
+            "metrics_path": contract.METRICS_PATH,
+            "static_configs": [{"targets": [f"{a}:{contract.METRICS_PORT}" for a in addresses]}],
+        }
+    ]
 
 
 def test_second_run_changes_nothing(deployed: dict) -> None:
@@ -237,7 +263,9 @@ def test_container_toolkit_merges_the_runtime_into_daemon_json(deployed: dict) -
 
 
 def test_firewall_rules_admit_only_the_cluster_hosts(deployed: dict) -> None:
-    extravars = {**deployed["extravars"], "cluster_config_firewall": "ufw", "base_extra_packages": ["ufw"]}
+    monitoring = "10.9.9.9"  # a Prometheus host: admitted to the metrics port, and to nothing else
+    extravars = {**deployed["extravars"], "cluster_config_firewall": "ufw", "base_extra_packages": ["ufw"],
+                 "cluster_config_metrics_sources": [monitoring]}  # fmt: skip
     run = run_playbook(DEPLOY, deployed["inventory"], extravars, tags="base,config", timeout=600)
     assert run.status == "successful", run.stdout[-4000:]
     addresses = [
@@ -245,8 +273,10 @@ def test_firewall_rules_admit_only_the_cluster_hosts(deployed: dict) -> None:
     ]
     added = node_exec(deployed["names"][1], "ufw", "show", "added")
     for address in addresses:
-        for port in ("29500", "32768:60999"):
+        for port in ("29500", str(contract.METRICS_PORT), "32768:60999"):
             assert f"allow from {address} to any port {port} proto tcp" in added, added
+    assert f"allow from {monitoring} to any port {contract.METRICS_PORT} proto tcp" in added, added
+    assert added.count(f"from {monitoring} ") == 1, added
     assert "allow 29500" not in added and "from any" not in added, added
     again = run_playbook(DEPLOY, deployed["inventory"], extravars, tags="config", timeout=600)
     assert again.status == "successful" and again.total("changed") == 0, again.stats

@@ -3,8 +3,9 @@ its pods run by the Docker engine: no API server, Trainer or JobSet controller c
 pods are what their source says they make (tests/unit/kube_trainer.py: the runtime's pod with the
 TrainJob's image, command, resources and patches, and the torch plugin's PET_* variables), each
 started as the kubelet would (``kubelet.py``) with the host name ``<job>-node-0-<i>`` in the
-subdomain ``<job>``. torchrun gets no argument but the job: it reads its nodes, processes, node rank
-and pod 0's address from PET_*; the pods rendezvous and train. Docker's DNS has no search domains,
+subdomain ``<job>``. The node agent (``python -m app node --serve-metrics``, torchrun's agent behind the
+node's gate) gets no torchrun argument but the job: it reads its nodes, processes, node rank and pod 0's
+address from PET_*; the pods rendezvous and train. Docker's DNS has no search domains,
 so the short name PET_MASTER_ADDR gives (``<job>-node-0-0.<job>``, which cluster DNS completes) is
 one more network alias of pod 0.
 
@@ -64,7 +65,8 @@ def test_the_trainjobs_pods_train_together_from_the_torch_plugins_variables(cpu_
     (runtime,) = _render("trainingruntime", *flags)
     *_, train_job = _render("trainjob", *flags)
     pods = pods_of(train_job, runtime, tmp_path, prefix, prefix)
-    assert [p.args[:2] for p in pods] == [["-m", "app"]] * 2  # torchrun gets nothing but the job
+    agent = ["-m", "app", "node", "--serve-metrics", "--", "-m", "app"]  # torchrun's agent gets nothing but the job
+    assert [p.args[:7] for p in pods] == [agent] * 2
     probe, summary = probe_and_train(pods, prefix, pods[1], PROBE + OWN_PROBE, "/results/trainjob/summary.json")
     assert probe == {
         **HARDENED,

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from app import contract
 from tests.slurm.conftest import ROOT, SlurmCluster, docker, explain, make
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -82,12 +83,17 @@ def test_scancel_stops_a_long_job_and_the_target_says_so(slurm_cluster: SlurmClu
             seen.append(line)
             if line.startswith("waiting: rank"):
                 break
+        metrics = _scrape(slurm_cluster, node=1, by=2)
         cancel = slurm_cluster.make("slurm-cancel", timeout=120)
         assert cancel.returncode == 0 and "cancelled job(s)" in cancel.stdout, explain(cancel)
         rest, _ = job.communicate(timeout=180)
     finally:
         job.kill()
     output = "".join(seen) + rest
+    # every node serves its metrics on the cluster network, from its own events file (/tmp: its gate's record)
+    node_1 = f'node="{slurm_cluster.project}-node-1"'
+    served = [s for s in metrics.splitlines() if s.startswith("ddp_node_device_matmul_flops{") and node_1 in s]
+    assert served and float(served[0].split()[-1]) > 0, metrics
     assert job.returncode != 0 and "CANCELLED" in output, output
     assert "no slurmdbd here, so no sacct" in output, output
     status = slurm_cluster.make("slurm-status")
@@ -97,6 +103,15 @@ def test_scancel_stops_a_long_job_and_the_target_says_so(slurm_cluster: SlurmClu
         while "wait_forever" in _processes(slurm_cluster, node) and time.monotonic() < deadline:
             time.sleep(2)
         assert "wait_forever" not in _processes(slurm_cluster, node)
+
+
+def _scrape(cluster: SlurmCluster, node: int, by: int) -> str:
+    """What node ``node`` serves at its metrics port, read from node ``by`` over the cluster's network."""
+    url = f"http://{cluster.project}-node-{node}:{contract.METRICS_PORT}{contract.METRICS_PATH}"
+    read = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=10).read().decode())"
+    done = docker("exec", f"{cluster.project}-node-{by}", "python", "-c", read)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def _processes(cluster: SlurmCluster, node: int) -> str:

@@ -198,3 +198,19 @@ def cel_violations(schema: dict, instance, path: str = "") -> list[str]:
         for i, value in enumerate(instance):
             found += cel_violations(schema["items"], value, f"{path}[{i}]")
     return found
+
+
+def node_agent_torchrun(command: list[str]):
+    """torchrun's arguments in a node's command, ``PYTHON -m app node --serve-metrics -- ARGS JOB``, read by the app's
+    own parser and then torchrun's (which takes the PET_* variables of the environment as its defaults, as torchrun
+    would); fails unless the command runs the node agent serving its metrics."""
+    from torch.distributed.run import get_args_parser
+
+    from app import cli
+
+    assert command[1:4] == ["-m", "app", "node"], command  # after a Python
+    parser, _ = cli.build_parser("node")
+    node = parser.parse_args(command[4:])
+    assert node.serve_metrics, command
+    words = node.torchrun[1:] if node.torchrun[:1] == ["--"] else node.torchrun
+    return get_args_parser().parse_args(words)

@@ -238,9 +238,7 @@ def test_torchrun_parses_the_rendered_arguments() -> None:
 def test_torchrun_reads_the_pytorchjob_as_the_training_operator_passes_it(monkeypatch) -> None:
     """The operator (kubeflow/training-operator release-1.9, pkg/controller.v1/pytorch/elastic.go and
     envvar.go) gives torchrun its settings as PET_* variables; no operator runs here, so they are
-    derived from the PyTorchJob by the same rules."""
-    from torch.distributed.run import get_args_parser
-
+    derived from the PyTorchJob by the same rules. The node agent (app node) reads them with torchrun's parser."""
     job = _documents("pytorchjob-gpu")[1]["spec"]
     elastic = job["elasticPolicy"]
     env = {
@@ -255,8 +253,7 @@ def test_torchrun_reads_the_pytorchjob_as_the_training_operator_passes_it(monkey
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     command = job["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
-    assert command[0] == "torchrun"
-    args = get_args_parser().parse_args(command[1:])
+    args = kube_checks.node_agent_torchrun(command)
     assert (args.nnodes, args.nproc_per_node, args.max_restarts, args.rdzv_backend) == ("3:3", "4", 3, "c10d")
     conf = "join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=3"
     assert (args.rdzv_endpoint, args.rdzv_id, args.rdzv_conf) == ("llm-master-0:29500", "llm", conf)

@@ -5,6 +5,7 @@ Regenerate a golden file after an intended change (then read its diff):
     python -m app topology <FLAGS of GOLDEN below> > tests/unit/golden/<name>
 """
 
+import json
 import shlex
 import subprocess
 import sys
@@ -99,3 +100,39 @@ def test_bad_field_is_one_line_naming_it(flags: str, message: str, capsys: pytes
     status = cli.main(["topology", *shlex.split(flags), "--format", "sbatch"])
     err = capsys.readouterr().err
     assert status == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1, err
+
+
+def _run_batch_script(tmp_path: Path, text: str) -> tuple[list[str], str | None]:
+    """What the batch script starts: srun's words and the events file it passes on, with stand-ins for srun (it
+    prints them) and scontrol (two nodes), and the variables Slurm sets."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    said = 'print(json.dumps([sys.argv[1:], os.environ.get("DDP_CLUSTER_EVENTS_FILE")]))'
+    (bin_dir / "srun").write_text(f"#!/usr/bin/env python3\nimport json, os, sys\n{said}\n")
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf 'n1\\nn2\\n'\n")
+    for stand_in in bin_dir.iterdir():
+        stand_in.chmod(0o755)
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]"}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=True, timeout=30)
+    words, events = json.loads(done.stdout.splitlines()[-1])
+    return words, events
+
+
+def test_torchrun_style_runs_the_node_agent_that_serves_metrics_from_a_node_local_events_file(tmp_path: Path) -> None:
+    from tests.unit import kube_checks
+
+    two = spec.build({"nodes": {"nodes": 2}, "job": {"command": "check"}})
+    words, events = _run_batch_script(tmp_path, slurm.render_script(two))
+    agent = words[words.index(two.slurm.python) :]
+    args = kube_checks.node_agent_torchrun(agent)  # app node's parser, then torchrun's
+    assert (args.rdzv_endpoint, args.rdzv_id, args.nnodes) == ("n1:20007", "7", "2")
+    assert (args.training_script, args.training_script_args) == ("app", ["check"])
+    assert events == "/tmp/ddp-cluster-7.events.jsonl"  # /tmp: each node's own file; the job id: each job's
+
+
+def test_srun_style_starts_no_agent_and_keeps_no_events(tmp_path: Path) -> None:
+    srun = spec.build({"job": {"launcher": "srun", "command": "check"}})
+    words, events = _run_batch_script(tmp_path, slurm.render_script(srun))
+    assert words[-4:] == [srun.slurm.python, "-m", "app", "check"] and events is None

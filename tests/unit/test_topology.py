@@ -43,6 +43,7 @@ def test_torchrun_static_and_c10d_rendezvous() -> None:
         "--node-rank=1",
         "--master-addr=node0",
         "--master-port=29400",
+        f"--rdzv-id={TWO_BY_TWO.job.name}",  # the metrics' job label (torchrun's default: none)
     ]
     c10d = render.torchrun_args(TWO_BY_TWO, HOSTS)
     assert "--rdzv-endpoint=node0:29400" in c10d

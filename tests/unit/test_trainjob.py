@@ -192,7 +192,7 @@ def test_the_webhook_check_refuses_what_trainer_refuses(mistake: str) -> None:
 def test_torchrun_reads_the_torch_plugins_variables(shape: str, monkeypatch) -> None:
     """Each pod's PET_* variables, read by torchrun's own parser and config (torch.distributed.run),
     give a static rendezvous on pod 0 with the TrainJob's nodes, processes and node rank."""
-    from torch.distributed.run import config_from_args, get_args_parser
+    from torch.distributed.run import config_from_args
 
     job = _train_job(shape)
     trainer = job["spec"]["trainer"]
@@ -203,8 +203,8 @@ def test_torchrun_reads_the_torch_plugins_variables(shape: str, monkeypatch) -> 
         for key, value in pod.env().items():
             monkeypatch.setenv(key, value)
         command = pod.node["command"]
-        assert command == trainer["command"] and command[0] == "torchrun"
-        args = get_args_parser().parse_args(command[1:])
+        assert command == trainer["command"]
+        args = kube_checks.node_agent_torchrun(command)
         assert (args.nnodes, args.nproc_per_node, args.node_rank) == (
             str(trainer["numNodes"]),
             str(trainer["numProcPerNode"]),
@@ -212,6 +212,7 @@ def test_torchrun_reads_the_torch_plugins_variables(shape: str, monkeypatch) -> 
         )
         assert (args.master_addr, args.master_port) == (f"{name}-node-0-0.{name}", contract.RENDEZVOUS_PORT)
         assert (args.training_script, args.module, args.max_restarts) == ("app", True, 0)
+        assert args.rdzv_id == name  # the job label of the node's metrics
         config, _, _ = config_from_args(args)
         nodes = len(pods)
         assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (nodes, nodes, trainer["numProcPerNode"])
@@ -244,7 +245,8 @@ def test_a_script_is_shipped_in_a_config_map(tmp_path) -> None:
     assert done.returncode == 0, done.stderr
     config, _, job = [d for d in yaml.safe_load_all(done.stdout) if d]
     assert config["kind"] == "ConfigMap" and config["data"] == {"my_job.py": "print('hello')\n"}
-    assert job["spec"]["trainer"]["command"] == ["torchrun", "/job/my_job.py", "--steps", "3"]
+    assert job["spec"]["trainer"]["command"][-3:] == ["/job/my_job.py", "--steps", "3"]
+    assert kube_checks.node_agent_torchrun(job["spec"]["trainer"]["command"]).training_script == "/job/my_job.py"
     (pod, *_) = trainer_pods(job, _runtime("cpu"))
     mount = {"name": "script", "mountPath": "/job", "readOnly": True}
     assert mount in pod.node["volumeMounts"]
