@@ -49,7 +49,9 @@ RESIZE = "resize"
 """The run resumed on another number of ranks, as metrics.jsonl's record: ``from``, ``to``, ``step``,
 ``global_batch``, ..."""
 EVICTED = "evicted"
-"""The runner took a slow node out of the running job: ``node``, ``factor``, ``window_s``."""
+"""The runner took a straggler out of the running job (``app/orchestrate/runner.py``): ``evicted`` (its node),
+``factor`` (its ranks' busy time over the median rank's), ``exchanges`` and ``window_s`` (how long it was that slow),
+``backoff_s`` (how long it waits before its gate judges it again)."""
 TRAINING_FACTS = (EXCHANGE, CHECKPOINT, RESIZE)
 """Records of rank 0's metrics.jsonl that are also the job's events (``app cluster status`` reads them)."""
 

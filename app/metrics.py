@@ -95,11 +95,10 @@ def families(job: str, node: str, records: list[dict], now: float) -> list[Any]:
               job_labels, [(at_job, now - state.checkpoint["age_s"])])  # fmt: skip
     lost = sum(max((r.get("reached") or 0) - (r.get("from_step") or 0), 0) for r in mine
                if r.get("kind") == events.RESUMED)  # fmt: skip
-    evictions = sum(r.get("kind") == events.EVICTED for r in mine)
     for name, doc, value in (
         ("job_restarts", "Times the job ran again after a failure.", state.restarts),
         ("job_resizes", "Times the job resumed on another number of ranks.", state.resizes),
-        ("job_evictions", "Times a slow node was taken out of the running job.", evictions),
+        ("job_evictions", "Times a slow node was taken out of the running job.", state.evictions),
         ("job_steps_lost", "Steps trained again after failures (reached, less the step resumed from).", lost),
     ):
         family = CounterMetricFamily(PREFIX + name, doc, labels=job_labels)

@@ -88,6 +88,16 @@ def start(name: str) -> bool:
         return False
 
 
+def stop(name: str, timeout: float) -> bool:
+    """Stop the container (``docker stop``: TERM, then KILL after ``timeout`` seconds); False when the engine
+    refused."""
+    try:
+        client(timeout=timeout + 60).api.stop(name, timeout=int(timeout))
+        return True
+    except _errors():
+        return False
+
+
 def wait(names: list[str], timeout: float) -> None:
     """Wait, at most ``timeout`` seconds in all, until every container of ``names`` has stopped."""
     deadline = time.monotonic() + timeout

@@ -64,7 +64,7 @@ from app import contract, events, flags, logs, progress
 from app.atomic import atomic_write_text
 from app.errors import ClusterError, UsageError
 from app.flags import flag
-from app.orchestrate import engine
+from app.orchestrate import engine, evict
 from app.orchestrate import status as job_status
 from app.topology import command as topology
 from app.topology import compose
@@ -168,7 +168,20 @@ class Run:
     ended_by: str = ""
     """The container whose end ended the job ('' when the runner ended it)."""
     notes: list[str] = field(default_factory=list)
+    evicting: dict[str, float] = field(default_factory=dict)
+    """Node containers stopped by an eviction -> seconds each waits before it is started again (its gate)."""
+    left: list[str] = field(default_factory=list)
+    """Evicted nodes whose leaving the next resume is (not a failure: no restart line)."""
+    returned: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Node -> when it was last started again after an eviction, and the wait it had then (``evict.backoff``)."""
+    watch: evict.Watch | None = None
+    """The straggler policy of the spec (``--evict-factor``), fed every exchange of step times."""
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        n = self.spec.nodes
+        if self.spec.job.launcher != "mpirun" and n.elastic and n.evict_factor:
+            self.watch = evict.Watch(n.evict_factor, n.evict_after, n.min_nodes)
 
     @property
     def main_container(self) -> str:
@@ -248,6 +261,28 @@ class Run:
             self.resumed(progress.Resumed(int(record["from_step"]), record.get("checkpoint"), record.get("reached")))
         elif kind == events.GATE:
             self.gated(node, record)
+        elif kind == events.EXCHANGE and self.watch is not None:
+            self.paced(record)
+
+    def paced(self, record: dict) -> None:
+        """An exchange of step times: a straggler past the spec's policy leaves the job (``evict``)."""
+        found = self.watch.feed(record)
+        if isinstance(found, str):
+            self.say(found)
+        elif found is not None and not self.ended.is_set():
+            name = self.container_of(found.node)
+            returned_at, last_wait = self.returned.get(name, (None, 0.0))
+            wait = evict.backoff(time.time(), returned_at, last_wait)
+            with self.lock:
+                if name in self.evicting:
+                    return
+                self.evicting[name] = wait
+                self.left.append(name)
+            self.say(found.line(wait))
+            fields = {"factor": round(found.factor, 2), "exchanges": found.exchanges, "window_s": found.window_s}
+            events.write(events.EVICTED, events_file=compose.events_file(self.folder), evicted=name, **fields,
+                         backoff_s=wait)  # fmt: skip
+            threading.Thread(target=engine.stop, args=(name, compose.STOP_GRACE_S), daemon=True).start()
 
     def worker_failed(self, node: str, record: dict) -> None:
         """A node's agent saw a rank's process end (torchelastic's ``ProcessFailure``)."""
@@ -313,6 +348,11 @@ class Run:
             self.rank_ended.clear()
         if incident is None:  # a run that continues an earlier job
             self.say(f"cluster: {resumed.line().removeprefix('train: ')}")
+            return
+        if self.left:  # the ranks lost were an evicted node's: no failure
+            with self.lock:
+                gone, self.left = self.left, []
+            self.say(f"cluster: the job goes on without {', '.join(gone)}: {resumed.line().removeprefix('train: ')}")
             return
         self.resumptions += 1
         self.say(f"cluster: restart {self.resumptions}: {incident.cause}; {resumed.line().removeprefix('train: ')}")
@@ -486,8 +526,26 @@ def _watch_nodes(run: Run, stop: threading.Event, since: float) -> None:
             run.store_lost(name, code)
         elif service == compose.LAUNCHER or (torchrun and service in run.nodes and not lost):
             run.end(code, name)
+        elif name in run.evicting:
+            threading.Thread(target=_readmit, args=(run, name, stop), daemon=True).start()
         elif service in run.nodes and (lost or code != 0):
             _restart_node(run, name, code, stop, by_docker)
+
+
+def _readmit(run: Run, name: str, stop: threading.Event) -> None:
+    """Start an evicted node again once its wait is over: its gate judges it, keeps it out while it is slow and lets
+    it join the next rendezvous round once it passes (the world grows back)."""
+    with run.lock:
+        wait = run.evicting.get(name, 0.0)
+    if stop.wait(wait) or run.ended.is_set():
+        return
+    with run.lock:
+        run.evicting.pop(name, None)
+        run.returned[name] = (time.time(), wait)
+    run.log(f"cluster: starting {name} again after its eviction (waited {wait:g} s)")
+    if not engine.start(name) and not engine.running(name):
+        run.gone.add(name)
+        run.say(f"cluster: {name} is gone (it cannot be started again after its eviction)")
 
 
 def _restart_node(run: Run, name: str, code: int, stop: threading.Event, by_docker: bool) -> None:

@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 from app import events
 
 TRAINING, KEPT_OUT, RESTARTING, DOWN, JOINING, IDLE = "training", "kept out", "restarting", "down", "joining", "idle"
+EVICTED = "evicted"
+"""Taken out of the running job as a straggler (``events.EVICTED``), not yet back in an exchange."""
 
 
 @dataclass
@@ -54,8 +56,10 @@ class Status:
     checkpoint: dict | None = None
     """The last checkpoint: ``step``, ``path``, ``age_s``."""
     restarts: int = 0
-    """Times the job ran again after a failure (rank 0's resumes)."""
+    """Times the job ran again after a failure (rank 0's resumes, less those after an eviction)."""
     resizes: int = 0
+    evictions: int = 0
+    """Times the runner took a straggler out of the running job."""
 
 
 def this_job(records: list[dict]) -> tuple[list[dict], dict | None, dict | None]:
@@ -76,7 +80,7 @@ def fold(cluster: str, records: list[dict], containers: dict[str, str], now: flo
     status = Status(cluster, running=started is not None and ended is None)
     status.started = started["time"] if started else None
     status.ended_status = ended.get("status") if ended else None
-    last_exchange, failed_at, gates = None, {}, {}
+    last_exchange, failed_at, gates, evicted_at = None, {}, {}, {}
     for record in mine:
         kind = record.get("kind")
         if kind == events.EXCHANGE:
@@ -91,6 +95,10 @@ def fold(cluster: str, records: list[dict], containers: dict[str, str], now: flo
             failed_at[record.get("node")] = record["time"]
         elif kind == events.GATE:
             gates[record.get("node")] = record.get("verdict")
+        elif kind == events.EVICTED:
+            status.evictions += 1
+            evicted_at[record.get("evicted")] = record["time"]
+    status.restarts = max(status.restarts - status.evictions, 0)  # an eviction's resume is no failure's
     if status.checkpoint:
         status.checkpoint["age_s"] = round(now - status.checkpoint.pop("time"), 1)
     hosts = (last_exchange or {}).get("hosts") or []
@@ -109,6 +117,8 @@ def fold(cluster: str, records: list[dict], containers: dict[str, str], now: flo
         node = Node(name, container, ranks=[r for r, h in enumerate(hosts) if h == name])
         if not status.running:
             node.state = IDLE
+        elif evicted_at.get(name, 0.0) > exchanged_at or (name in evicted_at and not node.ranks):
+            node.state = EVICTED
         elif container == "restarting" or failed_at.get(name, 0.0) > exchanged_at:
             node.state = RESTARTING
         elif container != "running":
@@ -154,7 +164,7 @@ def format_table(status: Status, now: float) -> str:
         lines.append(f"slowest: {s['host']} (rank {s['rank']}), busy {s['factor']:.2f}x the median per step")
     c = status.checkpoint
     lines.append(f"last checkpoint: step {c['step']}, {c['age_s']:.0f} s ago ({c['path']})" if c else "no checkpoint")
-    lines.append(f"restarts {status.restarts}, resizes {status.resizes}")
+    lines.append(f"restarts {status.restarts}, resizes {status.resizes}, evictions {status.evictions}")
     return "\n".join(lines)
 
 

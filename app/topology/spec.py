@@ -130,6 +130,13 @@ class Nodes:
         | used_by("ansible", "files"),
     )
     """The nodes by name and slots, in node rank order (Ansible, hostfiles); empty: each engine names them."""
+    evict_factor: float = field(default=3.0, metadata=used_by("compose"))
+    """A straggler's eviction: a node whose ranks are busy this many times the median rank per step at
+    --evict-after exchanges of step times in a row leaves the running job (while it has more than --min-nodes
+    nodes), which goes on at the same global batch; its gate takes it back once it passes. 0: never."""
+    evict_after: int = field(default=3, metadata=used_by("compose"))
+    """Exchanges of step times in a row (every --exchange-every steps of app train) a node is that slow before
+    its eviction."""
 
     def __post_init__(self) -> None:
         _positive("--nodes", self.nodes)
@@ -141,6 +148,12 @@ class Nodes:
                 f"--min-nodes {self.min_nodes} must be between 1 and --nodes {self.nodes}: the fewest nodes the "
                 f"job goes on with (--min-nodes {self.nodes}: all or none)"
             )
+        if self.evict_factor and self.evict_factor <= 1:
+            raise UsageError(
+                f"--evict-factor {self.evict_factor:g} must be above 1 (a node that many times the median rank's "
+                "busy time per step is evicted), or 0: never evict"
+            )
+        _positive("--evict-after", self.evict_after)
         if self.gpus_per_node < 0:
             raise UsageError(f"--gpus-per-node {self.gpus_per_node} must be >= 0 (0: CPU nodes)")
         if self.gpus_per_node and self.nproc_per_node > self.gpus_per_node:

@@ -1,0 +1,110 @@
+"""A straggler's eviction from a running job: which node leaves, decided from rank 0's exchanges of step times
+(``events.EXCHANGE``, every --exchange-every steps of app train), the facts the cluster runner reads.
+
+    python -m app cluster up --nodes 3 --nproc-per-node 1 --min-nodes 2 --command 'train --accum-steps 2 ...'
+    python -m app cluster up ... --evict-factor 4 --evict-after 5      # a stricter policy; --evict-factor 0: never
+
+A node is a straggler when every one of its ranks is busy per step (computing and loading, not waiting for the
+others) at least ``--evict-factor`` times as long as the median rank of the other nodes, at ``--evict-after``
+exchanges in a row. The runner then stops its container (``runner``): the others lose it at a step, keep that step
+in their snapshot and go on at the same global batch (app/train/resize.py), while its gate measures it again every
+few seconds and lets it back in once it passes. Nothing is evicted while the job has ``--min-nodes`` nodes or
+fewer, nor when the global batch would not divide among the ranks left (the resize would refuse it); a node
+evicted again soon after its return waits longer each time before its gate judges it (``backoff``), so a node that
+flaps cannot hold the job in rendezvous rounds.
+"""
+
+import statistics
+from dataclasses import dataclass, field
+
+BACKOFF_S = 30.0
+"""Seconds a node evicted again within RECENT_S of its return waits before its gate; doubled at each repeat."""
+RECENT_S = 300.0
+"""A return that recent makes the next eviction a repeat (its wait doubles); later, the count starts afresh."""
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """A straggler to take out of the job, and the job it leaves behind."""
+
+    node: str
+    factor: float
+    """Its fastest rank's busy time per step over the other nodes' median rank's, at the last exchange."""
+    exchanges: int
+    window_s: float
+    """From the first of those exchanges to the last."""
+    nodes_left: int
+    ranks_left: int
+    global_batch: int
+    accum_left: int
+
+    def line(self, backoff_s: float) -> str:
+        """``cluster: node X evicted: busy 4.1x the median for 3 exchanges (60 s); the job goes on with ...``."""
+        wait = f"; it waits {backoff_s:g} s (evicted again soon after its return)" if backoff_s else ""
+        return (
+            f"cluster: node {self.node} evicted: busy {self.factor:.1f}x the others' median for {self.exchanges} "
+            f"exchanges ({self.window_s:.0f} s); the job goes on with {self.nodes_left} nodes, global batch "
+            f"{self.global_batch} (accum {self.accum_left}){wait}; its gate takes it back once it passes"
+        )
+
+
+@dataclass
+class Watch:
+    """The exchanges of one job, fed in order; says when a node is to be evicted."""
+
+    factor: float
+    after: int
+    min_nodes: int
+    streaks: dict[str, list[float]] = field(default_factory=dict)
+    """Node -> the times of its exchanges in a row at or past the factor."""
+    refused: set[str] = field(default_factory=set)
+    """Nodes already said to be stragglers that cannot be evicted (said once)."""
+
+    def feed(self, record: dict) -> Eviction | str | None:
+        """The eviction this exchange calls for; or the line of a straggler that cannot be evicted (once); None."""
+        hosts, busy = record.get("hosts") or [], record.get("busy_ms") or []
+        if not self.factor or len(hosts) != len(busy) or not busy:
+            return None
+        by_node: dict[str, list[float]] = {}
+        for host, ms in zip(hosts, busy, strict=True):
+            by_node.setdefault(host, []).append(ms)
+        if len(by_node) <= self.min_nodes or min(busy) <= 0:
+            self.streaks.clear()
+            return None
+        factors = {node: min(ms) / _others(hosts, busy, node) for node, ms in by_node.items()}  # every rank that slow
+        at = float(record.get("time") or 0.0)
+        for node, factor in factors.items():
+            self.streaks[node] = [*self.streaks.get(node, []), at] if factor >= self.factor else []
+        due = [node for node in by_node if len(self.streaks[node]) >= self.after]
+        if not due:
+            return None
+        node = max(due, key=factors.get)  # one at a time: the slowest
+        times = self.streaks.pop(node)
+        ranks_left = len(hosts) - len(by_node[node])
+        world, global_batch = int(record.get("world_size") or len(hosts)), int(record.get("global_batch") or 0)
+        accum = int(record.get("accum_steps") or 1)
+        per_rank = global_batch // (world * accum) if global_batch and world else 0
+        if not per_rank or global_batch % (per_rank * ranks_left):
+            if node in self.refused:
+                return None
+            self.refused.add(node)
+            return (
+                f"cluster: node {node} is a straggler (busy {factors[node]:.1f}x the others' median for {len(times)} "
+                f"exchanges) but is not evicted: the global batch {global_batch} does not divide among the "
+                f"{ranks_left} ranks left (per-rank batch {per_rank}); pick a global batch that does (--accum-steps)"
+            )
+        return Eviction(node, factors[node], len(times), times[-1] - times[0], len(by_node) - 1, ranks_left,
+                        global_batch, global_batch // (per_rank * ranks_left))  # fmt: skip
+
+
+def _others(hosts: list[str], busy: list[float], node: str) -> float:
+    """The median busy time per step of the ranks on the other nodes."""
+    return statistics.median(ms for host, ms in zip(hosts, busy, strict=True) if host != node)
+
+
+def backoff(now: float, returned_at: float | None, last_wait: float) -> float:
+    """Seconds a node evicted at ``now`` waits before its gate judges it: none the first time, nor when it returned
+    (after its last eviction) more than RECENT_S ago; else BACKOFF_S, or twice its last wait."""
+    if returned_at is None or now - returned_at > RECENT_S:
+        return 0.0
+    return max(BACKOFF_S, 2 * last_wait)

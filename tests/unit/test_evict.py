@@ -1,0 +1,67 @@
+"""app/orchestrate/evict.py: which straggler leaves a running job, from rank 0's exchanges of step times."""
+
+from app.orchestrate import evict
+
+A, B, C = "c-head-1", "c-worker-1", "c-worker-2"
+
+
+def exchange(at: float, busy: list[float], hosts: tuple[str, ...] = (A, B, C), accum: int = 2) -> dict:
+    return {"time": at, "hosts": list(hosts), "busy_ms": busy, "world_size": len(hosts), "global_batch": 96,
+            "accum_steps": accum}  # fmt: skip
+
+
+def test_a_node_slow_at_every_exchange_of_the_window_is_evicted_and_the_job_left_keeps_its_global_batch() -> None:
+    watch = evict.Watch(factor=3.0, after=3, min_nodes=2)
+    assert watch.feed(exchange(0, [10, 10, 50])) is None
+    assert watch.feed(exchange(20, [10, 10, 41])) is None
+    found = watch.feed(exchange(40, [10, 11, 45]))
+    assert isinstance(found, evict.Eviction)
+    assert (found.node, found.exchanges, found.window_s) == (C, 3, 40.0) and round(found.factor, 1) == 4.3
+    assert (found.nodes_left, found.ranks_left, found.global_batch, found.accum_left) == (2, 2, 96, 3)
+    assert found.line(0) == (
+        f"cluster: node {C} evicted: busy 4.3x the others' median for 3 exchanges (40 s); the job goes on with 2 "
+        "nodes, global batch 96 (accum 3); its gate takes it back once it passes"
+    )
+    assert "; it waits 30 s (evicted again soon after its return)" in found.line(30)
+
+
+def test_a_fast_exchange_between_restarts_the_count_and_noise_below_the_factor_never_evicts() -> None:
+    watch = evict.Watch(factor=3.0, after=3, min_nodes=2)
+    for at, busy in enumerate([[10, 10, 50], [10, 10, 50], [10, 10, 12], [10, 10, 50], [10, 10, 50]]):
+        assert watch.feed(exchange(at, busy)) is None
+    assert isinstance(watch.feed(exchange(9, [10, 10, 50])), evict.Eviction)
+    calm = evict.Watch(factor=3.0, after=3, min_nodes=2)
+    assert all(calm.feed(exchange(at, [10, 10, 29.9])) is None for at in range(20))  # 2.99x: never
+
+
+def test_nothing_is_evicted_at_min_nodes_or_with_the_policy_off() -> None:
+    at_min = evict.Watch(factor=3.0, after=1, min_nodes=3)
+    assert at_min.feed(exchange(0, [10, 10, 90])) is None
+    off = evict.Watch(factor=0.0, after=1, min_nodes=1)
+    assert off.feed(exchange(0, [10, 10, 90])) is None
+
+
+def test_a_straggler_whose_ranks_left_cannot_keep_the_global_batch_is_named_once_and_stays() -> None:
+    watch = evict.Watch(factor=3.0, after=1, min_nodes=1)
+    line = watch.feed(exchange(0, [10, 10, 90], accum=1))  # 96 = 32 x 3: not a multiple of 32 x 2
+    assert line == (
+        f"cluster: node {C} is a straggler (busy 9.0x the others' median for 1 exchanges) but is not evicted: the "
+        "global batch 96 does not divide among the 2 ranks left (per-rank batch 32); pick a global batch that does "
+        "(--accum-steps)"
+    )
+    assert watch.feed(exchange(1, [10, 10, 90], accum=1)) is None
+
+
+def test_a_node_with_several_ranks_is_slow_when_every_rank_of_it_is() -> None:
+    watch = evict.Watch(factor=3.0, after=1, min_nodes=1)
+    hosts = (A, A, B, B)
+    assert watch.feed({**exchange(0, [10, 10, 10, 90], hosts), "global_batch": 128}) is None  # one slow rank of B
+    found = watch.feed({**exchange(1, [10, 10, 80, 90], hosts), "global_batch": 128})
+    assert found.node == B and found.ranks_left == 2 and found.accum_left == 4
+
+
+def test_a_node_evicted_again_soon_after_its_return_waits_longer_each_time() -> None:
+    assert evict.backoff(1000.0, None, 0.0) == 0.0  # its first eviction: its gate judges it at once
+    assert evict.backoff(1000.0, 900.0, 0.0) == evict.BACKOFF_S
+    assert evict.backoff(1000.0, 900.0, evict.BACKOFF_S) == 2 * evict.BACKOFF_S
+    assert evict.backoff(1000.0, 1000.0 - evict.RECENT_S - 1, 120.0) == 0.0  # long ago: afresh
