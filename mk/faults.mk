@@ -9,3 +9,7 @@ BENCH_FAULTS_ARGS ?=
 .PHONY: bench-faults
 bench-faults: image-cpu ## Recovery time, steps lost and training time ratio of the 2x2 cluster with one fault a minute (~9 min; BENCH_FAULTS_ARGS=--pairs 2: ~18 min).
 	$(PY) -m tests.rigs.faults.bench --image $(IMAGE_NAME):cpu $(BENCH_FAULTS_ARGS)
+
+.PHONY: bench-straggler
+bench-straggler: image-cpu ## Samples/s of 3 nodes with one held to a quarter of its share, with and without its eviction; build/bench-straggler.png (~6 min).
+	$(PY) -m tests.rigs.straggler.bench --image $(IMAGE_NAME):cpu

@@ -5,13 +5,13 @@
     python -m app cluster up ... --evict-factor 4 --evict-after 5      # a stricter policy; --evict-factor 0: never
 
 A node is a straggler when every one of its ranks is busy per step (computing and loading, not waiting for the
-others) at least ``--evict-factor`` times as long as the median rank of the other nodes, at ``--evict-after``
-exchanges in a row. The runner then stops its container (``runner``): the others lose it at a step, keep that step
-in their snapshot and go on at the same global batch (app/train/resize.py), while its gate measures it again every
-few seconds and lets it back in once it passes. Nothing is evicted while the job has ``--min-nodes`` nodes or
-fewer, nor when the global batch would not divide among the ranks left (the resize would refuse it); a node
-evicted again soon after its return waits longer each time before its gate judges it (``backoff``), so a node that
-flaps cannot hold the job in rendezvous rounds.
+others) at least ``--evict-factor`` times as long as the median rank of the other nodes, at ``--evict-after`` of the
+last 2 x ``--evict-after`` - 1 exchanges. The runner then stops its container (``runner``): the others lose it at a
+step, keep that step in their snapshot and go on at the same global batch (app/train/resize.py), while its gate
+measures it again every few seconds and lets it back in once it passes. Nothing is evicted while the job has
+``--min-nodes`` nodes or fewer, nor when the global batch would not divide among the ranks left (the resize would
+refuse it); a node evicted again soon after its return waits longer each time before its gate judges it
+(``backoff``), so a node that flaps cannot hold the job in rendezvous rounds.
 """
 
 import statistics
@@ -29,8 +29,11 @@ class Eviction:
 
     node: str
     factor: float
-    """Its fastest rank's busy time per step over the other nodes' median rank's, at the last exchange."""
+    """Its fastest rank's busy time per step over the other nodes' median rank's: the median over its slow
+    exchanges."""
     exchanges: int
+    """Exchanges at which it was that slow, of the last ``window``."""
+    window: int
     window_s: float
     """From the first of those exchanges to the last."""
     nodes_left: int
@@ -42,9 +45,9 @@ class Eviction:
         """``cluster: node X evicted: busy 4.1x the median for 3 exchanges (60 s); the job goes on with ...``."""
         wait = f"; it waits {backoff_s:g} s (evicted again soon after its return)" if backoff_s else ""
         return (
-            f"cluster: node {self.node} evicted: busy {self.factor:.1f}x the others' median for {self.exchanges} "
-            f"exchanges ({self.window_s:.0f} s); the job goes on with {self.nodes_left} nodes, global batch "
-            f"{self.global_batch} (accum {self.accum_left}){wait}; its gate takes it back once it passes"
+            f"cluster: node {self.node} evicted: busy {self.factor:.1f}x the others' median at {self.exchanges} of "
+            f"the last {self.window} exchanges ({self.window_s:.0f} s); the job goes on with {self.nodes_left} nodes, "
+            f"global batch {self.global_batch} (accum {self.accum_left}){wait}; its gate takes it back once it passes"
         )
 
 
@@ -55,10 +58,16 @@ class Watch:
     factor: float
     after: int
     min_nodes: int
-    streaks: dict[str, list[float]] = field(default_factory=dict)
-    """Node -> the times of its exchanges in a row at or past the factor."""
+    seen: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    """Node -> its last ``window`` exchanges: (time, factor)."""
     refused: set[str] = field(default_factory=set)
     """Nodes already said to be stragglers that cannot be evicted (said once)."""
+
+    @property
+    def window(self) -> int:
+        """Exchanges a node is judged over: ``after`` slow ones among the last 2 ``after`` - 1 (a CPU throttle shows
+        in busy time at most exchanges, not at all: at the others every rank waits for the all-reduce alike)."""
+        return 2 * self.after - 1
 
     def feed(self, record: dict) -> Eviction | str | None:
         """The eviction this exchange calls for; or the line of a straggler that cannot be evicted (once); None."""
@@ -69,17 +78,18 @@ class Watch:
         for host, ms in zip(hosts, busy, strict=True):
             by_node.setdefault(host, []).append(ms)
         if len(by_node) <= self.min_nodes or min(busy) <= 0:
-            self.streaks.clear()
+            self.seen.clear()
             return None
-        factors = {node: min(ms) / _others(hosts, busy, node) for node, ms in by_node.items()}  # every rank that slow
         at = float(record.get("time") or 0.0)
-        for node, factor in factors.items():
-            self.streaks[node] = [*self.streaks.get(node, []), at] if factor >= self.factor else []
-        due = [node for node in by_node if len(self.streaks[node]) >= self.after]
+        for node, ms in by_node.items():  # every rank of it that slow
+            self.seen[node] = [*self.seen.get(node, []), (at, min(ms) / _others(hosts, busy, node))][-self.window :]
+        slow = {node: [(t, f) for t, f in self.seen[node] if f >= self.factor] for node in by_node}
+        due = [node for node in by_node if len(slow[node]) >= self.after]
         if not due:
             return None
-        node = max(due, key=factors.get)  # one at a time: the slowest
-        times = self.streaks.pop(node)
+        node = max(due, key=lambda n: statistics.median(f for _, f in slow[n]))  # one at a time: the slowest
+        times, factor = [t for t, _ in slow[node]], statistics.median(f for _, f in slow[node])
+        del self.seen[node]
         ranks_left = len(hosts) - len(by_node[node])
         world, global_batch = int(record.get("world_size") or len(hosts)), int(record.get("global_batch") or 0)
         accum = int(record.get("accum_steps") or 1)
@@ -89,11 +99,12 @@ class Watch:
                 return None
             self.refused.add(node)
             return (
-                f"cluster: node {node} is a straggler (busy {factors[node]:.1f}x the others' median for {len(times)} "
-                f"exchanges) but is not evicted: the global batch {global_batch} does not divide among the "
-                f"{ranks_left} ranks left (per-rank batch {per_rank}); pick a global batch that does (--accum-steps)"
+                f"cluster: node {node} is a straggler (busy {factor:.1f}x the others' median at {len(times)} of the "
+                f"last {self.window} exchanges) but is not evicted: the global batch {global_batch} does not divide "
+                f"among the {ranks_left} ranks left (per-rank batch {per_rank}); pick a global batch that does "
+                "(--accum-steps)"
             )
-        return Eviction(node, factors[node], len(times), times[-1] - times[0], len(by_node) - 1, ranks_left,
+        return Eviction(node, factor, len(times), self.window, times[-1] - times[0], len(by_node) - 1, ranks_left,
                         global_batch, global_batch // (per_rank * ranks_left))  # fmt: skip
 
 

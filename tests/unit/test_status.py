@@ -108,3 +108,20 @@ def test_rank_0_writes_the_facts_the_status_reads_into_the_events_file(tmp_path,
         "checkpoint",
         "epoch",
     ]
+
+
+def test_an_evicted_node_shows_evicted_until_it_is_back_and_its_resume_is_no_restart() -> None:
+    records = [
+        _record(events.JOB_STARTED, T0, node="host"),
+        _exchange(T0 + 5, 20, FOUR, [10.0, 10.0, 40.0, 40.0]),
+        _record(events.EVICTED, T0 + 6, node="host", evicted=WORKER, factor=4.0, exchanges=3, window_s=3.0),
+        _record(events.RESUMED, T0 + 8, rank=0, from_step=20, checkpoint="/results/x/emergency.pt", reached=20),
+        _exchange(T0 + 9, 24, [HEAD, HEAD], [10.0, 10.0]),
+    ]
+    found = status.fold("c", records, RUNNING, now=T0 + 10)
+    assert [(n.name, n.state) for n in found.nodes] == [(HEAD, "training"), (WORKER, "evicted")]
+    assert (found.evictions, found.restarts) == (1, 0)
+    assert "restarts 0, resizes 0, evictions 1" in status.format_table(found, now=T0 + 10)
+    back = [*records, _exchange(T0 + 20, 40, FOUR, [10.0, 10.0, 11.0, 11.0])]
+    again = status.fold("c", back, RUNNING, now=T0 + 21)
+    assert [(n.name, n.state) for n in again.nodes] == [(HEAD, "training"), (WORKER, "training")]
