@@ -131,12 +131,13 @@ class Nodes:
     )
     """The nodes by name and slots, in node rank order (Ansible, hostfiles); empty: each engine names them."""
     evict_factor: float = field(default=3.0, metadata=used_by("compose"))
-    """A straggler's eviction: a node whose ranks are busy this many times the median rank per step at
-    --evict-after exchanges of step times in a row leaves the running job (while it has more than --min-nodes
-    nodes), which goes on at the same global batch; its gate takes it back once it passes. 0: never."""
+    """A straggler's eviction: a node whose every rank is busy this many times the other nodes' median rank per
+    step, at --evict-after of the last 2 x --evict-after - 1 exchanges of step times, leaves the running job (while
+    it has more than --min-nodes nodes), which goes on at the same global batch; its gate takes it back once it
+    passes. 0: never."""
     evict_after: int = field(default=3, metadata=used_by("compose"))
-    """Exchanges of step times in a row (every --exchange-every steps of app train) a node is that slow before
-    its eviction."""
+    """Exchanges of step times (every --exchange-every steps of app train) at which a node must be that slow, of
+    the last 2 x this - 1, before its eviction."""
 
     def __post_init__(self) -> None:
         _positive("--nodes", self.nodes)
