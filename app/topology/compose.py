@@ -166,7 +166,7 @@ class Monitor:
 def env_file(spec: ClusterSpec, folder: Path, monitor: Monitor | None = None) -> str:
     """The variables compose.yaml reads (docker compose --env-file), for the files rendered into ``folder``."""
     check(spec)
-    folder = Path(folder).resolve()
+    folder, monitor = Path(folder).resolve(), monitor or Monitor()
     values = {
         "COMPOSE_PROJECT_NAME": spec.job.name,
         "IMAGE": spec.job.image,
@@ -181,8 +181,8 @@ def env_file(spec: ClusterSpec, folder: Path, monitor: Monitor | None = None) ->
         "NODE_FILES": os.fspath(folder / NODE_FILES),
         "EVENTS_DIR": os.fspath(folder / EVENTS),
         "EVENTS_FILE": f"{EVENTS_MOUNT}/{EVENTS_NAME}",
-        "MONITOR_IMAGE": (monitor or Monitor()).image,
-        "MONITOR_PORT": (monitor or Monitor()).port,
+        "MONITOR_IMAGE": monitor.image,
+        "MONITOR_PORT": monitor.port,
         "MONITOR_FILES": os.fspath(folder / MONITOR),
     }
     return "".join(f"{key}={_quoted(str(value))}\n" for key, value in values.items())

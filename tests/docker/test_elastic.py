@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from tests.rigs.faults.drive import TRAIN, FaultRun, explain
+from tests.rigs.faults.drive import CFS_PERIOD_US, TRAIN, FaultRun, explain
 
 from .conftest import project_leftovers, run
 
@@ -99,8 +99,6 @@ def test_min_nodes_equal_to_nodes_keeps_todays_all_or_none(fault_run):
     assert "ranks 2-3 on " in done.stderr and " stopped answering: " in done.stderr, explain(done)
 
 
-CFS_PERIOD_US = 100_000
-"""The CFS period that ``docker update --cpus`` sets; the SDK's update takes a quota in it (no --cpus)."""
 GATE_EPOCHS = 12
 """Of digits on 4 ranks: 276 steps. After the worker is lost, rank 0 sleeps 1.5 s a step until the world is
 whole again (up to about 6 minutes, within the test's 10): long enough for the gate to keep the worker out and

@@ -13,9 +13,9 @@ import uuid
 
 import pytest
 
-from tests.rigs.faults.drive import FaultRun, explain
+from tests.rigs.faults.drive import CFS_PERIOD_US, FaultRun, explain
 
-from .test_elastic import CFS_PERIOD_US, TOLERANCE, _difference, _down, _gate_line
+from .test_elastic import TOLERANCE, _difference, _down, _gate_line
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

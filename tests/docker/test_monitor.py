@@ -18,6 +18,7 @@ import urllib.request
 import pytest
 
 from tests.rigs.faults.drive import OUT, FaultRun, explain
+from tests.rigs.metrics.bench import free_port
 
 from .conftest import IMAGE_NAME, ROOT, make, project_leftovers, run
 
@@ -36,12 +37,6 @@ def monitor_image(cpu_image) -> str:
     built = make("monitor-image", f"MONITOR_IMAGE={image}", timeout=900)
     assert built.returncode == 0, explain(built)
     return image
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def query(port: int, promql: str) -> list[dict]:

@@ -31,6 +31,8 @@ JOB = "tests/rigs/faults/fault_job.py"
 OUT = "/results/f"
 """The job's --out in the results volume."""
 MARKER = f"{OUT}/fault.json"
+CFS_PERIOD_US = 100_000
+"""The CFS period that ``docker update --cpus`` sets; the SDK's update takes a quota in it (no --cpus)."""
 COLLECTIVE_TIMEOUT = 20
 """The job's --timeout: a collective that waits longer fails."""
 TRAIN = [

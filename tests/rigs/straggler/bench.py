@@ -19,15 +19,15 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from tests.rigs.faults.drive import OUT, FaultRun, explain
+from tests.rigs.faults.drive import CFS_PERIOD_US, OUT, ROOT, FaultRun, explain
 
-CFS_PERIOD_US = 100_000
 SPEC = ["--nproc-per-node", "1", "--min-nodes", "2", "--max-restarts", "10"]
 
 
@@ -64,9 +64,8 @@ def run(image: str, nodes: int, epochs: int, throttle: tuple[int, float] | None,
             raise SystemExit(f"error: the job failed:\n{explain(done)}")
         metrics, records = job.metrics(), job.events()
     finally:
-        from tests.docker.conftest import run as run_command
-
-        run_command([sys.executable, "-m", "app", "cluster", "down", "--name", job.project], 240)
+        down = [sys.executable, "-m", "app", "cluster", "down", "--name", job.project]
+        subprocess.run(down, cwd=ROOT, capture_output=True, timeout=240, check=False)
     evicted = [r["time"] for r in records if r.get("kind") == "evicted"]
     grown = [m["time"] for m in metrics if m.get("event") == "resize" and m["to"] > m["from"]]
     shrunk = [m["time"] for m in metrics if m.get("event") == "resize" and m["to"] < m["from"]]
