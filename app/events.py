@@ -49,9 +49,10 @@ RESIZE = "resize"
 """The run resumed on another number of ranks, as metrics.jsonl's record: ``from``, ``to``, ``step``,
 ``global_batch``, ..."""
 EVICTED = "evicted"
-"""The runner took a straggler out of the running job (``app/orchestrate/runner.py``): ``evicted`` (its node),
-``factor`` (its ranks' busy time over the median rank's), ``exchanges`` and ``window_s`` (how long it was that slow),
-``backoff_s`` (how long it waits before its gate judges it again)."""
+"""A straggler left the running job, taken out by the runner (``app/orchestrate/runner.py``) or, where app node
+evicts (``--evict-factor``), said by rank 0 at the exchange that decided it: ``evicted`` (its node), ``factor`` (its
+ranks' busy time over the median rank's), ``exchanges`` and ``window_s`` (how long it was that slow), then the
+runner's ``backoff_s`` (how long it waits before its gate judges it again) or rank 0's ``step``."""
 TRAINING_FACTS = (EXCHANGE, CHECKPOINT, RESIZE)
 """Records of rank 0's metrics.jsonl that are also the job's events (``app cluster status`` reads them)."""
 

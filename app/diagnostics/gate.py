@@ -219,13 +219,14 @@ def doctor_view(mine: Node, host: str, port: int, serves: bool) -> ProcessInfo:
     )
 
 
-def checks(cfg: GateConfig, mine: Node, where: Rendezvous | None) -> tuple[str | None, str]:
+def checks(cfg: GateConfig, mine: Node, where: Rendezvous | None, rejoining: bool = False) -> tuple[str | None, str]:
     """The doctor's checks towards the rendezvous ``where`` (names, interface, port), then a short transfer
-    to it and back: (the first failure's line or None, what the transfer took, for the pass line)."""
+    to it and back: (the first failure's line or None, what the transfer took, for the pass line). ``rejoining``:
+    the node left a running job (evicted), whose store is up, held by another node or by this node's agent."""
     if where is None:
         return None, ""
     host, port, serves = where
-    serves = serves or host in (mine.host, "localhost", "127.0.0.1")
+    serves = not rejoining and (serves or host in (mine.host, "localhost", "127.0.0.1"))
     proc = doctor_view(mine, host, port, serves)
     dist_cfg = DistConfig(timeout_s=cfg.timeout_s)
     net = doctor.Network()
@@ -268,8 +269,10 @@ class Judged:
     """What the transfer to the rendezvous host took (empty: none was made)."""
 
 
-def judge(cfg: GateConfig, mine: Node, where: Rendezvous | None, start: list[health.DeviceHealth]) -> Judged:
-    why, moved = checks(cfg, mine, where)
+def judge(
+    cfg: GateConfig, mine: Node, where: Rendezvous | None, start: list[health.DeviceHealth], rejoining: bool = False
+) -> Judged:
+    why, moved = checks(cfg, mine, where, rejoining)
     if why is not None:
         return Judged(why, [])
     figures = measure(cfg.device_seconds, cfg.records)
@@ -307,9 +310,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def admit(cfg: GateConfig, where: Rendezvous | None) -> None:
+def admit(cfg: GateConfig, where: Rendezvous | None, rejoining: bool = False) -> None:
     """Record this node's figures at its first start, or judge it against the job's: return once it passed;
-    kept out, a ClusterError (status KEPT_OUT), or with ``cfg.retry_every`` judged again until it passes."""
+    kept out, a ClusterError (status KEPT_OUT), or with ``cfg.retry_every`` judged again until it passes.
+    ``rejoining``: after its eviction from the running job (``checks``)."""
     mine = launcher.this_node()  # (no rank before torchrun: Ansible's env file holds WORLD_SIZE alone)
     began = time.monotonic()
     path = cfg.records / f"{mine.host}.json"
@@ -320,7 +324,7 @@ def admit(cfg: GateConfig, where: Rendezvous | None) -> None:
         gate_event(events.RECORDED, describe(figures), figures)
         return
     start = job_figures(start, read_records(cfg.records))
-    judged = judge(cfg, mine, where, start)
+    judged = judge(cfg, mine, where, start, rejoining)
     if judged.why is None:
         print(passed(judged, start, f"in {time.monotonic() - began:.1f} s"), flush=True)
         gate_event(events.PASSED, judged_figures(judged, start), judged.figures)
@@ -332,7 +336,7 @@ def admit(cfg: GateConfig, where: Rendezvous | None) -> None:
     kept = time.monotonic()
     while judged.why is not None:
         time.sleep(cfg.retry_every)
-        judged = judge(cfg, mine, where, start)
+        judged = judge(cfg, mine, where, start, rejoining)
     waited = round(time.monotonic() - kept)
     print(passed(judged, start, f"after {waited} s kept out"), flush=True)
     gate_event(events.PASSED_AFTER, judged_figures(judged, start), judged.figures, waited=waited)

@@ -21,6 +21,7 @@ runs them: a new process per rank.
 
 import argparse
 import contextlib
+import functools
 import multiprocessing
 import multiprocessing.forkserver
 import signal
@@ -30,7 +31,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from app import contract
+from app import contract, evict
 from app.errors import UsageError
 from app.runtime import launcher
 
@@ -170,14 +171,33 @@ def event_agent() -> type:
             result = super()._monitor_workers(worker_group)
             if result.state == WorkerState.FAILED:  # the first rank's exit, written at once (the runner names
                 attempt = worker_group.spec.max_restarts - self._remaining_restarts  # the first one it reads)
+                codes = {failure.exitcode for failure in result.failures.values()}
+                if evict.LEFT in codes:  # this node was evicted: out of the round, the rendezvous left open
+                    leave_round(worker_group.spec.rdzv_handler)
+                    raise evicted_error()("this node was evicted from the job", signal.SIGTERM)
                 self._write(result.failures, attempt)
                 time.sleep(SETTLE_S)  # let the others' failures land too: a rank that raised often exits just
                 later = super()._monitor_workers(worker_group)  # after the peers it cut off
                 if later.state == WorkerState.FAILED:
                     self._write({r: f for r, f in later.failures.items() if r not in result.failures}, attempt)
                     result.failures = {**later.failures, **result.failures}
-                self._judge(result.failures, attempt)
+                if self._no_failure(result.failures, worker_group.spec.rdzv_handler):
+                    self._remaining_restarts += 1  # torch's restart takes it: this one is not counted
+                else:
+                    self._judge(result.failures, attempt)
             return result
+
+        def _no_failure(self, failures: dict, handler: Any) -> bool:
+            """The ranks failed because the job's nodes changed, not for a failure to count: an evicted node left
+            (every rank says ``evict.PEER_LEFT``), or a node waits to join, for which another node's agent already
+            stopped its ranks (torch restarts for a waiting node without counting, but this agent saw its ranks
+            fail first)."""
+            if {failure.exitcode for failure in failures.values()} == {evict.PEER_LEFT}:
+                return True
+            try:
+                return handler.num_nodes_waiting() > 0
+            except Exception:  # the store is gone (a RendezvousError, a DistError): a failure, counted
+                return False
 
         def _write(self, failures: dict, attempt: int) -> None:
             for rank, failure in sorted(failures.items()):
@@ -197,6 +217,38 @@ def event_agent() -> type:
                 self._remaining_restarts = 0  # torch's agent ends the job: this attempt was the last
 
     return EventAgent
+
+
+_left_rounds: list = []
+"""The rendezvous handlers of the rounds this node left when it was evicted: kept, so that a store this process
+hosts (c10d's, on the node named by --rdzv-endpoint) goes on serving the others."""
+
+
+@functools.cache
+def evicted_error() -> type:
+    """The exception of an agent whose node was evicted: torch's SignalException, after which torch's agent stops
+    its ranks and does not close the rendezvous (the others go on without this node, which may join again)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    class Evicted(SignalException):
+        pass
+
+    return Evicted
+
+
+def leave_round(handler: Any) -> None:
+    """Take this node out of the rendezvous round it is in, as the others' agents do before their next round, and
+    stop its heartbeats: the others' next round starts without it at once (a node that died is dropped only after
+    its missed heartbeats). The rendezvous stays open; the handler is kept (``_left_rounds``)."""
+    from torch.distributed.elastic.rendezvous import RendezvousError
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
+
+    _left_rounds.append(handler)
+    if not isinstance(handler, dynamic.DynamicRendezvousHandler):  # c10d's; others cannot be elastic here
+        return
+    handler._stop_heartbeats()
+    with contextlib.suppress(RendezvousError):  # the store is gone: the others drop this node by its heartbeats
+        handler._op_executor.run(dynamic._RendezvousExitOp(), handler._get_deadline(handler._settings.timeout.close))
 
 
 @contextlib.contextmanager

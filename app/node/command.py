@@ -15,6 +15,10 @@ What follows ``--`` is torchrun's command line, read by torchrun's parser: the i
      first start, judged against the job's when it starts again; kept out, one line, judged again every
      --retry-every seconds (0: exit 3)
   3  torch's elastic agent: the rendezvous, the ranks (forks of the server, once it has imported), restarts
+  4  with --evict-factor (an elastic job): a node its ranks find a straggler leaves the job at a step the others
+     keep (app/evict.py), goes back to 2 and joins the job's next round once its gate passes
+
+    python -m app node --evict-factor 3 --retry-every 10 -- --nnodes 2:3 --rdzv-backend c10d ... -m app train
 
 A restarted node thus pays one torch import, not one per process: with torchrun and a separate gate,
 the gate, the agent and every rank each imported torch, and every rank torch._dynamo too.
@@ -30,11 +34,12 @@ import os
 import runpy
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from app import cli, contract, events, flags, metrics
+from app import cli, contract, events, evict, flags, metrics
 from app.diagnostics.gate_config import GateConfig
 from app.errors import ClusterError, Stopped, UsageError, first_line
 from app.node import agent
@@ -66,6 +71,14 @@ class NodeConfig:
     (the image's ddp-node does, on every engine)."""
     metrics_port: int = contract.METRICS_PORT
     """The port of --serve-metrics, on the node's --local-addr (else every address of the node)."""
+    evict_factor: float = 0.0
+    """Evict this node from the running job when its every rank is busy this many times the other nodes' median
+    rank per step at --evict-after of the last 2 x --evict-after - 1 exchanges of step times
+    (app/evict.py): it leaves at a step the others keep, its gate judges it again every --retry-every
+    seconds and it joins the next round once it passes. Needs --nnodes MIN:MAX (c10d). 0: never (the default: on
+    the compose cluster its runner evicts; the renderings for Slurm and Kubernetes pass the spec's policy)."""
+    evict_after: int = evict.AFTER
+    """Exchanges at which this node must be that slow, of the last 2 x this - 1, before it leaves."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,23 +105,64 @@ def run(args: argparse.Namespace) -> int:
         print(serve_metrics(node.metrics_port, parsed), flush=True)
     if store := survivors_store(parsed):
         launcher.export_survivors_store(store)
+    if policy := eviction(node, parsed):
+        launcher.export_eviction(policy)
     launch = agent.prepare(parsed, rank_main, server)  # (torch here read its threads already)
     host, port, serves = gate.rendezvous_of(parsed)
-    gate.admit(gate_cfg, (host, port, serves) if port else None)  # port 0 (--standalone): nothing to reach
+    where = (host, port, serves) if port else None  # port 0 (--standalone): nothing to reach
+    gate.admit(gate_cfg, where)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
 
-    try:
-        agent.launch(launch)
-    except ChildFailedError as error:
-        print(error, file=sys.stderr, flush=True)  # torchrun's report: which rank, its status, its line
-        return 1
-    except SignalException as error:  # docker stop, Slurm, Kubernetes: torch's agent stopped the ranks (its line)
-        raise Stopped("", 128 + error.sigval) from None
-    except RendezvousError as error:
-        raise ClusterError(rendezvous_failed(error, parsed)) from error
-    return 0
+    returned_at, wait = None, 0.0
+    while True:
+        try:
+            agent.launch(launch)
+            return 0
+        except ChildFailedError as error:
+            print(error, file=sys.stderr, flush=True)  # torchrun's report: which rank, its status, its line
+            return 1
+        except agent.evicted_error():  # its ranks said why; the others go on without it
+            wait = evict.backoff(time.time(), returned_at, wait)
+            print(evicted(wait, gate_cfg.retry_every), flush=True)
+            time.sleep(max(wait, gate_cfg.retry_every))  # the others start their round without it first
+            gate.admit(gate_cfg, where, rejoining=True)  # kept out while slow (exit 3 without --retry-every)
+            returned_at = time.time()
+            print("node: rejoins the job at its next rendezvous round", flush=True)
+            launch = agent.prepare(parsed, rank_main, server)
+        except SignalException as error:  # docker stop, Slurm, Kubernetes: torch's agent stopped the ranks (its line)
+            raise Stopped("", 128 + error.sigval) from None
+        except RendezvousError as error:
+            raise ClusterError(rendezvous_failed(error, parsed)) from error
+
+
+def eviction(node: NodeConfig, parsed: argparse.Namespace) -> evict.Policy | None:
+    """The straggler policy that this node's ranks apply to it (None: --evict-factor 0); UsageError for a policy
+    that cannot act: the job has a fixed number of nodes."""
+    evict.check(node.evict_factor, node.evict_after)
+    if not node.evict_factor:
+        return None
+    from torch.distributed.run import parse_min_max_nnodes
+
+    least, most = parse_min_max_nnodes(parsed.nnodes)
+    if least >= most or parsed.rdzv_backend != "c10d":
+        raise UsageError(
+            f"--evict-factor {node.evict_factor:g} needs an elastic job, torchrun's --nnodes MIN:MAX with MIN below "
+            f"MAX and --rdzv-backend c10d (this one: --nnodes {parsed.nnodes}, {parsed.rdzv_backend}): a job of a "
+            "fixed number of nodes cannot go on without one; give --evict-factor 0"
+        )
+    return evict.Policy(node.evict_factor, node.evict_after, least)
+
+
+def evicted(wait: float, retry_every: float) -> str:
+    """The agent's line once its node left the job: when its gate judges it again (``wait``: its back-off)."""
+    delay = max(wait, retry_every)
+    when = f"in {delay:g} s" if delay else "now"
+    why = " (evicted again soon after its return)" if wait > retry_every else ""
+    then = f", then every {retry_every:g} s" if retry_every else " (no --retry-every: kept out, the node exits 3)"
+    joins = "and it joins the job's next round once it passes"
+    return f"node: out of the job; its health gate judges it {when}{why}{then}, {joins}"
 
 
 def serve_metrics(port: int, parsed: argparse.Namespace) -> str:

@@ -60,11 +60,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app import contract, events, flags, logs, progress
+from app import contract, events, evict, flags, logs, progress
 from app.atomic import atomic_write_text
 from app.errors import ClusterError, UsageError
 from app.flags import flag
-from app.orchestrate import engine, evict
+from app.orchestrate import engine
 from app.orchestrate import status as job_status
 from app.topology import command as topology
 from app.topology import compose

@@ -32,6 +32,10 @@ SURVIVORS_STORE = "DDP_CLUSTER_SURVIVORS_STORE"
 """``host:port`` of a store that outlives every node of the job (app node sets it to its c10d rendezvous
 store): where the ranks still alive hold their roll call when rank 0's store is gone with its node."""
 
+EVICTION = "DDP_CLUSTER_EVICTION"
+"""``FACTOR:AFTER:MIN_NODES``: the straggler policy of app node's --evict-factor, which its ranks apply to their own
+node at each exchange of step times (app/evict.py); unset: they evict nothing."""
+
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
 """The threads of a process's CPU operators (torchrun sets 1 for each rank of a node of several)."""
 

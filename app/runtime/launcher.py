@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from app import contract
+from app import contract, evict
 from app.errors import UsageError
 from app.runtime import envvars, hostlist
 from app.runtime.envvars import RankVariables
@@ -94,6 +94,9 @@ class ProcessInfo:
     survivors_store: tuple[str, int] | None = field(default=None, compare=False)
     """(host, port) of a store that outlives every node of the job (DDP_CLUSTER_SURVIVORS_STORE: app node's
     rendezvous store); None when the launcher names none."""
+    eviction: evict.Policy | None = field(default=None, compare=False)
+    """The straggler policy that app node gave its ranks (DDP_CLUSTER_EVICTION): they evict their own node; None:
+    nothing is evicted from here (the compose cluster's runner does it)."""
 
     def __post_init__(self) -> None:
         names = self.launcher.variables
@@ -215,6 +218,7 @@ def _from_torchrun(env: Mapping[str, str]) -> dict:
         "torchelastic": envvars.TORCHELASTIC_RUN_ID in env,
         "agent_store": env.get(envvars.TORCHELASTIC_USE_AGENT_STORE) == "True",
         "survivors_store": _survivors_store(env),
+        "eviction": _eviction(env),
     }
 
 
@@ -227,6 +231,20 @@ def _survivors_store(env: Mapping[str, str]) -> tuple[str, int] | None:
     if not host or not port.isdigit():
         raise UsageError(f"{envvars.SURVIVORS_STORE}={value!r} must be HOST:PORT (app node sets it): unset it")
     return host, int(port)
+
+
+def _eviction(env: Mapping[str, str]) -> evict.Policy | None:
+    """DDP_CLUSTER_EVICTION as a policy; None when unset."""
+    value = env.get(envvars.EVICTION, "").strip()
+    if not value:
+        return None
+    try:
+        return evict.Policy.parse(value)
+    except ValueError:
+        raise UsageError(
+            f"{envvars.EVICTION}={value!r} must be FACTOR:AFTER:MIN_NODES (app node sets it from --evict-factor): "
+            "unset it"
+        ) from None
 
 
 def _from_mpi(env: Mapping[str, str], v: RankVariables, launcher: Launcher) -> dict:
@@ -394,6 +412,11 @@ def export_survivors_store(endpoint: str) -> None:
     """Name the survivors' store, ``host:port``, to this process and the ranks it starts
     (``ProcessInfo.survivors_store``)."""
     os.environ[envvars.SURVIVORS_STORE] = endpoint
+
+
+def export_eviction(policy: evict.Policy) -> None:
+    """Tell the ranks this process starts to evict their own node by ``policy`` (``ProcessInfo.eviction``)."""
+    os.environ[envvars.EVICTION] = policy.text()
 
 
 def export_socket_ifname(ifname: str) -> None:

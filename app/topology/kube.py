@@ -115,11 +115,11 @@ def env(spec: ClusterSpec) -> list[dict]:
     return [{"name": n, "value": v} for n, v in values.items()]
 
 
-def node_agent(job: list[str]) -> list[str]:
+def node_agent(job: list[str], node: list[str] = ()) -> list[str]:
     """The image's node agent serving the node's metrics (``app node``: the health gate, then torchrun's agent in
-    its process), for pods whose torchrun arguments are the operator's PET_* variables (torch's parser reads
-    them as torchrun does): the command of the PyTorchJob's and the TrainJob's nodes."""
-    return ["python", "-m", "app", "node", "--serve-metrics", "--", *job]
+    its process), with its own flags ``node``, for pods whose torchrun arguments are the operator's PET_* variables
+    (torch's parser reads them as torchrun does): the command of the PyTorchJob's and the TrainJob's nodes."""
+    return ["python", "-m", "app", "node", "--serve-metrics", *node, "--", *job]
 
 
 CONTAINER_SECURITY = {
@@ -223,13 +223,16 @@ def pod_monitor(spec: ClusterSpec) -> dict:
 
 
 def config_map(spec: ClusterSpec) -> dict:
-    """torchrun's arguments, as ``ddp-node`` reads them from /cluster/torchrun.args."""
-    args = " ".join(render.torchrun_args(spec, pod_hosts(spec))) + "\n"
+    """torchrun's arguments and the node agent's own flags, as ``ddp-node`` reads them from /cluster/torchrun.args
+    and /cluster/node.args (the straggler policy, where the job is elastic)."""
+    data = {"torchrun.args": " ".join(render.torchrun_args(spec, pod_hosts(spec))) + "\n"}
+    if node := render.node_args(spec):
+        data[contract.NODE_ARGS] = " ".join(node) + "\n"
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": metadata(spec, f"{spec.job.name}-torchrun"),
-        "data": {"torchrun.args": args},
+        "data": data,
     }
 
 
@@ -291,7 +294,7 @@ def pytorch_job(spec: ClusterSpec) -> dict:
     name, nodes, r = spec.job.name, spec.nodes.nodes, spec.rendezvous
     if nodes < 2:
         raise UsageError("--format pytorchjob needs --nodes 2 or more (a Master and a Worker); one node: --format k8s")
-    command = node_agent(render.job_argv(spec))
+    command = node_agent(render.job_argv(spec), render.node_args(spec))  # elasticPolicy: a straggler evicts itself
     pod = pod_template(spec, node_container(spec, PYTORCHJOB_CONTAINER, command, PYTORCHJOB_PORT, []), [])
 
     def replicas(count: int) -> dict:

@@ -82,6 +82,16 @@ def agent_args(spec: ClusterSpec, nnodes: int | str, nproc_per_node: int) -> lis
     return [f"--nnodes={shape}", f"--nproc-per-node={nproc_per_node}", f"--max-restarts={restarts}"]
 
 
+def node_args(spec: ClusterSpec) -> list[str]:
+    """``python -m app node``'s own flags where no runner watches the job (Slurm, Kubernetes): the spec's straggler
+    policy, which each node's agent applies to its own node, where the job is elastic (``--min-nodes`` below
+    ``--nodes``: a job of a fixed size cannot go on without a node); else none."""
+    n = spec.nodes
+    if not (n.elastic and n.evict_factor):
+        return []
+    return [f"--evict-factor={n.evict_factor:g}", f"--evict-after={n.evict_after}"]
+
+
 def c10d_args(spec: ClusterSpec, endpoint: str, run_id: str) -> list[str]:
     """torchrun's c10d rendezvous: the store at ``endpoint`` (host:port), one job's agents by ``run_id``."""
     return [

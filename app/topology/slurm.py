@@ -137,7 +137,8 @@ def _torchrun_body(spec: ClusterSpec) -> list[str]:
     endpoint, run_id = Shell('"$head:$port"'), Shell(f'"${envvars.SLURM_JOB_ID}"')
     # all or none: one agent that gives up ends the step; elastic (--min-nodes): the other agents go on
     srun = ["srun", "--ntasks-per-node=1", f"--kill-on-bad-exit={0 if spec.nodes.elastic else 1}"]
-    agent = [spec.slurm.python, "-m", "app", "node", "--serve-metrics", "--"]  # torchrun's agent, behind the gate
+    agent = [spec.slurm.python, "-m", "app", "node", "--serve-metrics", *render.node_args(spec), "--"]  # the gate, then
+    # torchrun's agent (which evicts its own node when it is a straggler, where the job is elastic)
     shape = render.agent_args(spec, spec.nodes.nodes, spec.nodes.nproc_per_node)
     rdzv = [Shell(w) if w.endswith((endpoint, run_id)) else w for w in render.c10d_args(spec, endpoint, run_id)]
     return [

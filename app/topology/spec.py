@@ -23,7 +23,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from app import contract
+from app import contract, evict
 from app.errors import UsageError
 from app.flags import flag
 from app.runtime import envvars
@@ -130,12 +130,12 @@ class Nodes:
         | used_by("ansible", "files"),
     )
     """The nodes by name and slots, in node rank order (Ansible, hostfiles); empty: each engine names them."""
-    evict_factor: float = field(default=3.0, metadata=used_by("compose"))
+    evict_factor: float = field(default=evict.FACTOR, metadata=used_by("compose", "slurm", "kubernetes"))
     """A straggler's eviction: a node whose every rank is busy this many times the other nodes' median rank per
     step, at --evict-after of the last 2 x --evict-after - 1 exchanges of step times, leaves the running job (while
     it has more than --min-nodes nodes), which goes on at the same global batch; its gate takes it back once it
     passes. 0: never."""
-    evict_after: int = field(default=3, metadata=used_by("compose"))
+    evict_after: int = field(default=evict.AFTER, metadata=used_by("compose", "slurm", "kubernetes"))
     """Exchanges of step times (every --exchange-every steps of app train) at which a node must be that slow, of
     the last 2 x this - 1, before its eviction."""
 
@@ -149,12 +149,7 @@ class Nodes:
                 f"--min-nodes {self.min_nodes} must be between 1 and --nodes {self.nodes}: the fewest nodes the "
                 f"job goes on with (--min-nodes {self.nodes}: all or none)"
             )
-        if self.evict_factor and self.evict_factor <= 1:
-            raise UsageError(
-                f"--evict-factor {self.evict_factor:g} must be above 1 (a node that many times the median rank's "
-                "busy time per step is evicted), or 0: never evict"
-            )
-        _positive("--evict-after", self.evict_after)
+        evict.check(self.evict_factor, self.evict_after)
         if self.gpus_per_node < 0:
             raise UsageError(f"--gpus-per-node {self.gpus_per_node} must be >= 0 (0: CPU nodes)")
         if self.gpus_per_node and self.nproc_per_node > self.gpus_per_node:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from app import events, flags, progress
+from app import events, evict, flags, progress
 from app.diagnostics import doctor
 from app.errors import ClusterError, Stopped, first_line
 from app.runtime.distributed import (
@@ -127,12 +127,20 @@ def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], N
                 tail = snapshot.keep(trainer)
                 line = f"train: stopped by SIGTERM after step {trainer.pos.step}{tail}" if tail else ""
                 raise Stopped(line, stopped.status) from None
+            except watch.Leave as leaving:  # app node's policy evicted this rank's node: its ranks leave here
+                ctx.mark_broken("evicted")
+                if ctx.proc.local_rank == 0:
+                    print(leaving.eviction.line(0, "train"), flush=True)
+                raise Stopped("", evict.LEFT) from None
             except RuntimeError as error:  # a collective that timed out or lost a peer: name the ranks that stopped
                 if not watch.collective_failed(error):
                     raise
                 ctx.mark_broken(first_line(error))
                 line = _failed_collective(error, trainer, recorder, dumps)
                 reason = events.PEERS_LOST if trainer.watch.peers_lost else ""
+                if (left := trainer.watch.left) and watch.lost_peer(error):  # the evicted node's ranks are gone
+                    line = f"node {left.node} left the job (evicted at step {trainer.watch.exchanged_at}'s exchange)"
+                    raise ClusterError(line + snapshot.write(trainer), evict.PEER_LEFT, reason) from error
                 raise ClusterError(line + snapshot.write(trainer), reason=reason) from error
         reporter.finish(summary)
         return summary

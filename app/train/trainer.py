@@ -431,6 +431,7 @@ class Trainer:
         rate = 1000 * self.global_batch / record["step_ms"] if record["step_ms"] > 0 else 0.0
         job = {"world_size": self.world, "global_batch": self.global_batch, "accum_steps": self.cfg.steps.accum_steps}
         self.reporter.ranks(record | job | {"samples_per_s": round(rate, 1)}, line)
+        self.watch.pace(record | job)
         return bool(self._save_every_s) and since_checkpoint >= self._save_every_s
 
     def epoch_sums(self) -> list[float]:

@@ -49,6 +49,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from app import events, evict
 from app.errors import ClusterError, first_line
 from app.runtime.distributed import DistContext, store_client
 from app.train import frozen, sync
@@ -174,6 +175,15 @@ class StragglerNamer:
         return True
 
 
+class Leave(Exception):
+    """This rank's node was evicted at an exchange of step times (app node's policy): its ranks leave the job at
+    this step, with status ``evict.LEFT``."""
+
+    def __init__(self, eviction: evict.Eviction) -> None:
+        super().__init__(eviction.node)
+        self.eviction = eviction
+
+
 class Watch:
     """One rank's step times, exchanged every ``cfg.exchange_every`` steps, and its account of a failed collective."""
 
@@ -195,6 +205,10 @@ class Watch:
         self._where = ""
         """Where that was, when not rank 0's store (for the line)."""
         self._namer = StragglerNamer()
+        self._pace = ctx.proc.eviction.watch() if ctx.proc.eviction else None
+        """app node's straggler policy, run on every rank alike (each has the whole table): ``pace``."""
+        self.left: evict.Eviction | None = None
+        """Another node evicted at an exchange: its ranks are gone at the next collective (``pace``)."""
         self.clock = frozen.Clock()
         """The gaps in this process's time: whether it was itself stopped (``stopped``)."""
         self._grad_ready = 0.0
@@ -252,6 +266,26 @@ class Watch:
         if not self._namer.name(record["slowest_rank"] if line else None):
             line = None
         return record, line, float(table[0][4])
+
+    def pace(self, record: dict) -> None:
+        """Apply app node's straggler policy to an exchange's record (with the job's world size, global batch and
+        accumulation): Leave when this rank's node is evicted; another node's eviction is remembered (``left``) and
+        rank 0 writes it to the job's events; rank 0 says once why a straggler cannot be evicted."""
+        if self._pace is None:
+            return
+        found = self._pace.feed(record | {"time": time.time()})
+        if isinstance(found, str):
+            if self.rank == 0:
+                print(found, flush=True)
+            return
+        if found is None:
+            return
+        if self.rank == 0:
+            fields = {"factor": round(found.factor, 2), "exchanges": found.exchanges, "window_s": found.window_s}
+            events.write(events.EVICTED, self.rank, evicted=found.node, step=record["step"], **fields)
+        if found.node == self.ctx.proc.host:
+            raise Leave(found)
+        self.left = found
 
     # --- a failed collective ---------------------------------------------------------------------
 

@@ -1,6 +1,11 @@
-"""app/orchestrate/evict.py: which straggler leaves a running job, from rank 0's exchanges of step times."""
+"""app/evict.py: which straggler leaves a running job, from rank 0's exchanges of step times."""
 
-from app.orchestrate import evict
+import re
+
+import pytest
+
+from app import evict
+from app.errors import UsageError
 
 A, B, C = "c-head-1", "c-worker-1", "c-worker-2"
 
@@ -70,3 +75,28 @@ def test_a_node_evicted_again_soon_after_its_return_waits_longer_each_time() -> 
     assert evict.backoff(1000.0, 900.0, 0.0) == evict.BACKOFF_S
     assert evict.backoff(1000.0, 900.0, evict.BACKOFF_S) == 2 * evict.BACKOFF_S
     assert evict.backoff(1000.0, 1000.0 - evict.RECENT_S - 1, 120.0) == 0.0  # long ago: afresh
+
+
+def test_a_policy_travels_as_text_and_a_bad_one_is_refused() -> None:
+    policy = evict.Policy(3.5, 2, 2)
+    assert evict.Policy.parse(policy.text()) == policy and policy.text() == "3.5:2:2"
+    for bad in ("3", "1:2:2", "3:0:2", "3:2:0", "a:b:c"):
+        with pytest.raises(ValueError):
+            evict.Policy.parse(bad)
+    watch = policy.watch()
+    assert (watch.factor, watch.after, watch.min_nodes, watch.who) == (3.5, 2, 2, "train")
+
+
+@pytest.mark.parametrize(
+    ("factor", "after", "said"),
+    [
+        (0.5, 3, "--evict-factor 0.5 must be above 1 (a node that many times the median rank's busy time per step "
+                 "is evicted), or 0: never evict"),
+        (1.0, 3, "--evict-factor 1 must be above 1"),
+        (3.0, 0, "--evict-after 0 must be >= 1"),
+    ],
+)  # fmt: skip
+def test_bad_policy_values_are_one_line_naming_the_flag(factor: float, after: int, said: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(said)):
+        evict.check(factor, after)
+    evict.check(0.0, 1)  # off

@@ -10,6 +10,7 @@ PET_* variables: test_trainjob.py.
 """
 
 import copy
+import json
 import re
 import subprocess
 import sys
@@ -278,6 +279,17 @@ def test_min_nodes_reaches_torchrun_and_the_pytorchjob() -> None:
     elastic = kube.pytorch_job(spec)["spec"]["elasticPolicy"]
     assert (elastic["minReplicas"], elastic["maxReplicas"]) == (2, 3)
     assert {"key": "last_call_timeout", "value": "2"} in elastic["rdzvConf"]
+
+
+def test_an_elastic_job_gives_the_node_agents_the_straggler_policy_a_fixed_one_none() -> None:
+    elastic = build({"nodes": {"nodes": 3, "min_nodes": 2}})
+    assert kube.config_map(elastic)["data"][contract.NODE_ARGS] == "--evict-factor=3 --evict-after=3\n"  # ddp-node's
+    command = kube.pytorch_job(elastic)["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert command["command"][:8] == ["python", "-m", "app", "node", "--serve-metrics", "--evict-factor=3",
+                                      "--evict-after=3", "--"]  # fmt: skip
+    fixed = build({"nodes": {"nodes": 3}})
+    assert contract.NODE_ARGS not in kube.config_map(fixed)["data"]
+    assert "--evict-factor=3" not in json.dumps(kube.pytorch_job(fixed))
 
 
 def test_the_pods_run_as_the_images_user() -> None:

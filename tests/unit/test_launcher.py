@@ -26,6 +26,17 @@ def test_torchrun_environment() -> None:
     info = detect(env)
     assert info == ProcessInfo(5, 1, 8, 4, 1, "node0", 29400, Launcher.TORCHRUN)
     assert info.num_nodes == 2 and not info.is_main
+    assert info.eviction is None  # app node gave no policy: the ranks evict nothing
+
+
+def test_app_nodes_eviction_policy_reaches_its_ranks_and_a_bad_one_is_one_line() -> None:
+    from app import evict
+
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "node0", "TORCHELASTIC_RUN_ID": "x"}
+    assert detect(env | {"DDP_CLUSTER_EVICTION": "3:2:2"}).eviction == evict.Policy(3.0, 2, 2)
+    for bad in ("3", "0.5:2:2", "3:0:2", "x:y:z"):
+        with pytest.raises(UsageError, match=f"DDP_CLUSTER_EVICTION='{bad}' must be FACTOR:AFTER:MIN_NODES"):
+            detect(env | {"DDP_CLUSTER_EVICTION": bad})
 
 
 def test_hand_written_rank_environment_means_one_node() -> None:

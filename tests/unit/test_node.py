@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from app import events
+from app import contract, events, evict
 from app.errors import UsageError
 from app.node import agent
 from app.node import command as node
@@ -158,3 +158,92 @@ def test_the_agent_writes_each_failure_and_stops_restarting_what_no_restart_cure
     said = [(r["rank"], r["reason"], r["attempts"]) for r in records if r["kind"] == events.GAVE_UP]
     assert said == ([gave_up] if gave_up else [])
     assert watcher._remaining_restarts == (0 if gave_up else 5)
+
+
+def test_ddp_node_gives_the_agent_the_rendered_node_flags_before_torchruns_arguments(tmp_path: Path) -> None:
+    """docker/bin/ddp-node with a stand-in ``python`` that prints what it was given: the node flags of
+    CLUSTER_DIR/node.args (Kubernetes' ConfigMap) go to app node, torchrun's arguments after ``--``; none without."""
+    (tmp_path / "bin").mkdir()
+    stand_in = tmp_path / "bin" / "python"
+    stand_in.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    stand_in.chmod(0o755)
+    (tmp_path / "torchrun.args").write_text("--nnodes=2:3 --nproc-per-node=1\n")
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "CLUSTER_DIR": str(tmp_path)}
+    script = Path(__file__).parents[2] / "docker" / "bin" / "ddp-node"
+
+    def argv() -> list[str]:
+        done = subprocess.run(["bash", str(script), "-m", "app", "check"], env=env, capture_output=True, text=True,
+                              timeout=30, check=True)  # fmt: skip
+        return done.stdout.split()
+
+    plain = ["-m", "app", "node", "--retry-every", "10", "--serve-metrics"]
+    job = ["--", "--nnodes=2:3", "--nproc-per-node=1", "-m", "app", "check"]
+    assert argv() == [*plain, *job]
+    (tmp_path / contract.NODE_ARGS).write_text("--evict-factor=3 --evict-after=3\n")
+    assert argv() == [*plain, "--evict-factor=3", "--evict-after=3", *job]
+
+
+def test_an_evicted_nodes_line_says_when_its_gate_judges_it() -> None:
+    assert node.evicted(0.0, 10) == (
+        "node: out of the job; its health gate judges it in 10 s, then every 10 s, and it joins the job's next "
+        "round once it passes"
+    )
+    assert "judges it in 60 s (evicted again soon after its return), then every 10 s" in node.evicted(60.0, 10)
+    assert "judges it now (no --retry-every: kept out, the node exits 3), and it joins" in node.evicted(0.0, 0)
+
+
+@pytest.mark.parametrize(
+    ("nnodes", "backend", "policy"),
+    [("2:3", "c10d", evict.Policy(3.0, 2, 2)), ("3", "c10d", None), ("3:3", "c10d", None), ("2:3", "static", None)],
+)
+def test_the_eviction_policy_acts_only_on_an_elastic_c10d_job(nnodes: str, backend: str, policy) -> None:
+    parsed = SimpleNamespace(nnodes=nnodes, rdzv_backend=backend)
+    cfg = node.NodeConfig(evict_factor=3.0, evict_after=2)
+    if policy is None:
+        with pytest.raises(UsageError, match="needs an elastic job"):
+            node.eviction(cfg, parsed)
+    else:
+        assert node.eviction(cfg, parsed) == policy
+    assert node.eviction(node.NodeConfig(), parsed) is None  # the default: off (the compose runner evicts)
+    with pytest.raises(UsageError, match=r"--evict-after 0 must be >= 1"):
+        node.eviction(node.NodeConfig(evict_factor=3.0, evict_after=0), parsed)
+
+
+def test_an_evicted_nodes_agent_leaves_and_a_change_of_the_jobs_nodes_is_no_restart_to_count(tmp_path) -> None:
+    """The agent's reading of its ranks' exit statuses (``evict.LEFT``, ``evict.PEER_LEFT``) and of a node waiting
+    to join (another node's agent stopped its ranks for it, so this node's failed)."""
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    class Handler:
+        def __init__(self, waiting: int | None) -> None:
+            self.waiting = waiting
+
+        def num_nodes_waiting(self) -> int:
+            if self.waiting is None:
+                raise RuntimeError("the store is gone")
+            return self.waiting
+
+    def monitored(codes: list[int], waiting: int | None = 0) -> object:
+        failures = {r: ProcessFailure(local_rank=r, pid=1, exitcode=c, error_file=str(tmp_path / "none")) for r, c
+                    in enumerate(codes)}  # fmt: skip
+        cls = agent.event_agent()
+        watcher = cls.__new__(cls)
+        watcher._remaining_restarts, watcher._before = 2, None
+        base = cls.__mro__[1]
+        handler = Handler(waiting)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(base, "_monitor_workers", lambda self, group: RunResult(WorkerState.FAILED, {}, failures))
+            patch.setattr(agent, "SETTLE_S", 0.0)
+            patch.setattr(agent, "leave_round", lambda found: left.append(found))
+            watcher._monitor_workers(SimpleNamespace(spec=SimpleNamespace(max_restarts=2, rdzv_handler=handler)))
+        return watcher
+
+    left: list = []
+    assert monitored([evict.PEER_LEFT, evict.PEER_LEFT])._remaining_restarts == 3  # torch takes one back: 2
+    assert monitored([1, evict.PEER_LEFT])._remaining_restarts == 2  # a failure among them: counted
+    assert monitored([1], waiting=1)._remaining_restarts == 3  # a node waits to join: not counted
+    assert monitored([1], waiting=None)._remaining_restarts == 2  # the store is gone: counted
+    with pytest.raises(agent.evicted_error()):
+        monitored([evict.LEFT, evict.LEFT])
+    assert len(left) == 1 and isinstance(left[0], Handler)

@@ -73,6 +73,14 @@ def test_min_nodes_lets_the_other_agents_go_on() -> None:
     assert "--nnodes=2:3 " in elastic and "--kill-on-bad-exit=0" in elastic and "#SBATCH --no-kill" in elastic
 
 
+def test_an_elastic_job_gives_every_nodes_agent_the_straggler_policy_a_fixed_one_none() -> None:
+    elastic = spec.build({"nodes": {"nodes": 3, "min_nodes": 2, "evict_factor": 4.0, "evict_after": 5}})
+    assert "-m app node --serve-metrics --evict-factor=4 --evict-after=5 -- " in slurm.render_script(elastic)
+    off = spec.build({"nodes": {"nodes": 3, "min_nodes": 2, "evict_factor": 0.0}})
+    assert "--evict" not in slurm.render_script(off)
+    assert "--evict" not in slurm.render_script(spec.build({"nodes": {"nodes": 3}}))  # nothing to go on with
+
+
 def test_the_job_command_is_quoted_for_the_shell() -> None:
     text = slurm.render_script(spec.build({"job": {"command": "check --json '/tmp/x y.json'; rm -rf /"}}))
     last = text.rstrip().splitlines()[-1]

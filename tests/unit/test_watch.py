@@ -109,3 +109,36 @@ def test_a_roll_call_that_no_store_holds_blames_no_rank(monkeypatch, answered, s
     line = watch.explain(RuntimeError("Connection closed by peer"), 6)
     assert said in line, line
     assert ("stopped answering" in line) == (answered is not None), line
+
+
+def test_app_nodes_policy_sends_the_slow_nodes_ranks_away_and_the_others_remember_it(monkeypatch, tmp_path):
+    """Every rank runs the same rule on the same table (``Watch.pace``): the straggler's ranks raise Leave, the
+    others remember which node left; rank 0 writes the eviction to the job's events."""
+    from types import SimpleNamespace
+
+    from app import events, evict
+    from app.train.watch import Leave, Watch
+
+    monkeypatch.setenv("DDP_CLUSTER_EVENTS_FILE", str(tmp_path / "events"))
+
+    def rank(number: int, host: str) -> Watch:
+        watch = object.__new__(Watch)
+        watch.rank, watch.left = number, None
+        watch.ctx = SimpleNamespace(proc=SimpleNamespace(host=host))
+        watch._pace = evict.Policy(3.0, 1, 2).watch()
+        return watch
+
+    slow = {"step": 20, "hosts": ["a", "b", "c"], "busy_ms": [10.0, 11.0, 90.0], "world_size": 3,
+            "global_batch": 48, "accum_steps": 2}  # fmt: skip
+    first, other, straggler = rank(0, "a"), rank(1, "b"), rank(2, "c")
+    first.pace(slow)
+    other.pace(slow)
+    assert first.left.node == other.left.node == "c"
+    with pytest.raises(Leave) as leaving:
+        straggler.pace(slow)
+    assert leaving.value.eviction.line(0, "train").startswith("train: node c evicted: busy 8.6x the others' median")
+    said = [(r["rank"], r["evicted"], r["step"]) for r in events.read(tmp_path / "events")[0]]
+    assert said == [(0, "c", 20)]  # rank 0 alone writes it
+    calm = rank(1, "b")
+    calm.pace(slow | {"busy_ms": [10.0, 11.0, 12.0]})
+    assert calm.left is None

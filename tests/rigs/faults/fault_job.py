@@ -18,7 +18,10 @@ Hooks, on the first attempt only (the process found no --marker when it started)
       expects the flight recorder to name the sleep's line)
   and from then on sleeps --slow-ms per step (the others wait for it), so a test can act at a known step.
 Always: --sleep-rank R sleeps --sleep-ms per step (a straggler), with --sleep-below-world N only while
-the job has fewer than N ranks (the shrunk job waits for a node to rejoin); --first-steps FILE gets one
+the job has fewer than N ranks (the shrunk job waits for a node to rejoin); --sleep-host H: every rank on the
+host named H sleeps instead, only while the file --sleep-while names exists (a slow node that heals when a
+test removes it); --pace-ms: every rank sleeps that long per step (a job slow enough to act on);
+--first-steps FILE gets one
 JSON line per process with its first completed step and the time (``make bench-faults``).
 """
 
@@ -49,6 +52,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--sleep-rank", type=int, default=-1)
     parser.add_argument("--sleep-ms", type=float, default=0)
     parser.add_argument("--sleep-below-world", type=int, default=0)
+    parser.add_argument("--sleep-host", default="")
+    parser.add_argument("--pace-ms", type=float, default=0)
+    parser.add_argument("--sleep-while", type=Path)
     parser.add_argument("--first-steps", type=Path)
     return parser.parse_args(hooks), train_args
 
@@ -82,6 +88,9 @@ def fault_hook(opts: argparse.Namespace):
                 handle.write(json.dumps(line) + "\n")
         whole = opts.sleep_below_world and trainer.ctx.proc.world_size >= opts.sleep_below_world
         if trainer.rank == opts.sleep_rank and not whole:
+            time.sleep(opts.sleep_ms / 1000)
+        time.sleep(opts.pace_ms / 1000)
+        if opts.sleep_host == socket.gethostname() and opts.sleep_while and opts.sleep_while.exists():
             time.sleep(opts.sleep_ms / 1000)
         if armed and step == opts.fault_at_step and trainer.rank == opts.fault_rank:
             info = {"step": step, "rank": trainer.rank, "host": socket.gethostname(), "pid": os.getpid()}

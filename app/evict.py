@@ -12,15 +12,72 @@ measures it again every few seconds and lets it back in once it passes. Nothing 
 ``--min-nodes`` nodes or fewer, nor when the global batch would not divide among the ranks left (the resize would
 refuse it); a node evicted again soon after its return waits longer each time before its gate judges it
 (``backoff``), so a node that flaps cannot hold the job in rendezvous rounds.
+
+Where no runner watches the job (torchrun alone, Slurm, Kubernetes), each node's agent evicts its own node
+(app/node/command.py, ``--evict-factor``, which the renderings pass where the job is elastic): every rank gets the
+whole table at each exchange, so every rank runs this same ``Watch`` and reaches the same verdict at the same
+step. The straggler's ranks then leave with status ``LEFT`` and its agent leaves the rendezvous round without
+closing it; the others' next collective fails, they keep that step and their agents start a round without it
+(status ``PEER_LEFT``: a restart that torchrun's --max-restarts does not count).
+
+    python -m app node --evict-factor 3 --evict-after 3 -- --nnodes 2:3 --rdzv-backend c10d ... -m app train
 """
 
 import statistics
 from dataclasses import dataclass, field
 
+from app.errors import UsageError
+
+FACTOR = 3.0
+"""The policy's default factor (the spec's --evict-factor): an undisturbed run's nodes read 3x or more at one
+exchange at most twice, never twice within 5 (docs/faults.md)."""
+AFTER = 3
+"""The policy's default --evict-after."""
+LEFT = 4
+"""Exit status of a rank whose own node was evicted (its agent, app node, leaves the rendezvous round)."""
+PEER_LEFT = 5
+"""Exit status of a rank whose collective failed because an evicted node left: its step is kept, and its agent's
+restart is not counted against --max-restarts."""
+
 BACKOFF_S = 30.0
 """Seconds a node evicted again within RECENT_S of its return waits before its gate; doubled at each repeat."""
 RECENT_S = 300.0
 """A return that recent makes the next eviction a repeat (its wait doubles); later, the count starts afresh."""
+
+
+def check(factor: float, after: int) -> None:
+    """The policy's values are valid (UsageError: one line that names the flag)."""
+    if factor and factor <= 1:
+        raise UsageError(
+            f"--evict-factor {factor:g} must be above 1 (a node that many times the median rank's busy time per step "
+            "is evicted), or 0: never evict"
+        )
+    if after < 1:
+        raise UsageError(f"--evict-after {after} must be >= 1")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A node agent's policy, told to its ranks (``launcher.export_eviction``): ``FACTOR:AFTER:MIN_NODES``."""
+
+    factor: float
+    after: int
+    min_nodes: int
+
+    def text(self) -> str:
+        return f"{self.factor:g}:{self.after}:{self.min_nodes}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Policy":
+        """The policy of ``text`` (ValueError when it is not ``FACTOR:AFTER:MIN_NODES``)."""
+        factor, after, min_nodes = text.split(":")
+        policy = cls(float(factor), int(after), int(min_nodes))
+        if policy.factor <= 1 or policy.after < 1 or policy.min_nodes < 1:
+            raise ValueError(text)
+        return policy
+
+    def watch(self) -> "Watch":
+        return Watch(self.factor, self.after, self.min_nodes, who="train")
 
 
 @dataclass(frozen=True)
@@ -41,11 +98,11 @@ class Eviction:
     global_batch: int
     accum_left: int
 
-    def line(self, backoff_s: float) -> str:
+    def line(self, backoff_s: float, who: str = "cluster") -> str:
         """``cluster: node X evicted: busy 4.1x the median for 3 exchanges (60 s); the job goes on with ...``."""
         wait = f"; it waits {backoff_s:g} s (evicted again soon after its return)" if backoff_s else ""
         return (
-            f"cluster: node {self.node} evicted: busy {self.factor:.1f}x the others' median at {self.exchanges} of "
+            f"{who}: node {self.node} evicted: busy {self.factor:.1f}x the others' median at {self.exchanges} of "
             f"the last {self.window} exchanges ({self.window_s:.0f} s); the job goes on with {self.nodes_left} nodes, "
             f"global batch {self.global_batch} (accum {self.accum_left}){wait}; its gate takes it back once it passes"
         )
@@ -62,6 +119,8 @@ class Watch:
     """Node -> its last ``window`` exchanges: (time, factor)."""
     refused: set[str] = field(default_factory=set)
     """Nodes already said to be stragglers that cannot be evicted (said once)."""
+    who: str = "cluster"
+    """Who says its lines: the cluster runner, or each node's ranks (``train``)."""
 
     @property
     def window(self) -> int:
@@ -99,7 +158,7 @@ class Watch:
                 return None
             self.refused.add(node)
             return (
-                f"cluster: node {node} is a straggler (busy {factor:.1f}x the others' median at {len(times)} of the "
+                f"{self.who}: node {node} is a straggler (busy {factor:.1f}x the others' median at {len(times)} of the "
                 f"last {self.window} exchanges) but is not evicted: the global batch {global_batch} does not divide "
                 f"among the {ranks_left} ranks left (per-rank batch {per_rank}); pick a global batch that does "
                 "(--accum-steps)"
