@@ -59,7 +59,7 @@ class Status:
     """Times the job ran again after a failure (rank 0's resumes, less those after an eviction)."""
     resizes: int = 0
     evictions: int = 0
-    """Times the runner took a straggler out of the running job."""
+    """Times a straggler left the running job (taken out by the runner, or by its own agent: app node)."""
 
 
 def this_job(records: list[dict]) -> tuple[list[dict], dict | None, dict | None]:

@@ -137,8 +137,10 @@ def _torchrun_body(spec: ClusterSpec) -> list[str]:
     endpoint, run_id = Shell('"$head:$port"'), Shell(f'"${envvars.SLURM_JOB_ID}"')
     # all or none: one agent that gives up ends the step; elastic (--min-nodes): the other agents go on
     srun = ["srun", "--ntasks-per-node=1", f"--kill-on-bad-exit={0 if spec.nodes.elastic else 1}"]
-    agent = [spec.slurm.python, "-m", "app", "node", "--serve-metrics", *render.node_args(spec), "--"]  # the gate, then
-    # torchrun's agent (which evicts its own node when it is a straggler, where the job is elastic)
+    # the gate (its figures this job's own, on each node: a later job records afresh), then torchrun's agent (which
+    # evicts its own node when it is a straggler, where the job is elastic)
+    records = Shell(f'--records="/tmp/{spec.job.name}-${envvars.SLURM_JOB_ID}.gate"')
+    agent = [spec.slurm.python, "-m", "app", "node", "--serve-metrics", records, *render.node_args(spec), "--"]
     shape = render.agent_args(spec, spec.nodes.nodes, spec.nodes.nproc_per_node)
     rdzv = [Shell(w) if w.endswith((endpoint, run_id)) else w for w in render.c10d_args(spec, endpoint, run_id)]
     return [

@@ -200,7 +200,8 @@ def format_summary(s: dict) -> str:
     same = "identical on all ranks" if s["params_identical"] else f"DIFFER across ranks (max {s['param_spread']:g})"
     steady = s.get("steady_samples_per_s")
     rate = f"{s['samples_per_s']:.0f} samples/s" + (f" (steady {steady:.0f} after the first epoch)" if steady else "")
+    epochs = f"{s['epochs_completed']} epoch" + ("" if s["epochs_completed"] == 1 else "s")
     return (
-        f"done: {s['step']} steps, {s['epochs_completed']} epochs, test acc {100 * s['test_accuracy']:.2f}%, "
+        f"done: {s['step']} steps, {epochs}, test acc {100 * s['test_accuracy']:.2f}%, "
         f"{rate}{format_mfu(s)}, params {same}; summary in {s['summary_path']}"
     )

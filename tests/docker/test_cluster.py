@@ -5,6 +5,7 @@ Run: ``.venv/bin/python -m pytest tests/docker`` (``make test`` runs it too).
 
 import argparse
 import json
+import subprocess
 import sys
 import threading
 import uuid
@@ -33,20 +34,38 @@ def _status(project: str) -> dict:
     return json.loads(done.stdout)
 
 
+SCRAPER = """import time, urllib.request
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:
+    try:
+        text = urllib.request.urlopen({url!r}, timeout=2).read().decode()
+    except OSError:
+        text = ""
+    if "ddp_rank_busy_seconds" in text:
+        print(text)
+        break
+    time.sleep(0.1)
+"""
+"""Run in the worker container: the head's metrics over the cluster network, read again and again until its ranks'
+series are there (the 2x2 job trains for about 2 s: a scrape started once the status shows a step came too late)."""
+
+
 def _statuses(project: str, stop: threading.Event) -> list[dict]:
-    """The cluster's status, again and again until ``stop``; and once the job trains, the head's metrics as the
-    worker scrapes them over the cluster network (``{"metrics": TEXT}``, appended)."""
-    found, scraped = [], None
+    """The cluster's status, again and again until ``stop``; and the head's metrics as the worker scrapes them while
+    the ranks train (``{"metrics": TEXT}``, appended), by a scraper started in the worker once its container runs."""
+    found, scraper = [], None
     while not stop.wait(0.3):
         try:
             found.append(_status(project))
         except AssertionError as failed:  # said by the test (not as a thread's warning beside an empty list)
             return [*found, {"metrics": "", "failed": str(failed)}]
-        if scraped is None and found[-1]["running"] and found[-1]["step"]:
+        worker = f"{project}-worker-1"
+        if scraper is None and any(n["name"] == worker and n["container"] == "running" for n in found[-1]["nodes"]):
             url = f"http://{project}-head-1:{contract.METRICS_PORT}/metrics"
-            code = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=10).read().decode())"
-            scraped = run(["docker", "exec", f"{project}-worker-1", "python", "-c", code], 60).stdout
-    return [*found, {"metrics": scraped or ""}]
+            scraper = subprocess.Popen(["docker", "exec", worker, "python", "-c", SCRAPER.format(url=url)],
+                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    scraped = scraper.communicate(timeout=180)[0] if scraper is not None else ""
+    return [*found, {"metrics": scraped}]
 
 
 def test_check_and_training_on_2x2_then_nothing_left(cluster):

@@ -24,9 +24,9 @@ pytestmark = pytest.mark.integration
 NODES = ("evict-a", "evict-b", "evict-c")
 SLOW = NODES[2]
 POLICY = ["--evict-factor", "3", "--evict-after", "2"]
-TRAIN = ["--train-samples", "5760", "--test-samples", "48", "--epochs", "2", "--batch-size", "8"]
+TRAIN = ["--train-samples", "5760", "--test-samples", "48", "--epochs", "1", "--batch-size", "8"]
 TRAIN += ["--accum-steps", "2", "--exchange-every", "2", "--checkpoint-every", "40", "--resume", "auto"]
-"""Global batch 48 (3 ranks x 8 x 2; on 2 ranks: accumulation 3): 120 steps an epoch, 240 in all."""
+"""Global batch 48 (3 ranks x 8 x 2; on 2 ranks: accumulation 3): 120 steps (the node returns at about step 17)."""
 
 
 def in_namespace(host: str, hosts_file: Path, cmd: list[str]) -> list[str]:
@@ -104,7 +104,7 @@ def test_a_slow_node_evicts_itself_the_others_go_on_at_the_same_global_batch_and
     failed = [r for r in records if r["kind"] == events.WORKER_FAILED]
     assert evict.PEER_LEFT in {r["exitcode"] for r in failed}, failed  # not counted: --max-restarts 0 and done
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["step"] == 240 and summary["params_identical"], summary
+    assert summary["step"] == 120 and summary["params_identical"], summary
 
 
 def test_an_eviction_policy_on_a_job_of_fixed_size_is_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -45,5 +45,5 @@ def test_finished_run_resumed_again_trains_no_more(tmp_path, capsys) -> None:
     assert _train(tmp_path, "--batch-size", "8", "--epochs", "1") == 0
     before = _weights(tmp_path)
     assert _train(tmp_path, "--batch-size", "8", "--epochs", "1", "--resume", "auto") == 0
-    assert "done: 5 steps, 1 epochs" in capsys.readouterr().out
+    assert "done: 5 steps, 1 epoch," in capsys.readouterr().out
     assert all(torch.equal(before[k], v) for k, v in _weights(tmp_path).items())
