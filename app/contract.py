@@ -32,6 +32,9 @@ JOB_DIR = "/job"
 """In the image: where a user's script folder is mounted read-only (compose, Kubernetes)."""
 CLUSTER_DIR = "/cluster"
 """In the image: the cluster's rendered files (torchrun.args, mpirun.args, hostfile, cluster.env, ssh/)."""
+GATE_RETRY_S = 10
+"""Seconds between a kept-out node's gate judgements: docker/bin/ddp-node's --retry-every, and the node agents' of
+an elastic job on the other engines (``render.node_args``)."""
 NODE_ARGS = "node.args"
 """In CLUSTER_DIR, where rendered (Kubernetes' ConfigMap): flags of ``python -m app node`` that docker/bin/ddp-node
 gives it before torchrun's arguments (the straggler policy)."""

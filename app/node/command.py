@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     parsed = agent.parse(words)
     if node.serve_metrics:
         print(serve_metrics(node.metrics_port, parsed), flush=True)
+    launcher.export_store_per_round()  # a node that comes back joins a later round (every engine)
     if store := survivors_store(parsed):
         launcher.export_survivors_store(store)
     if policy := eviction(node, parsed):

@@ -32,6 +32,12 @@ SURVIVORS_STORE = "DDP_CLUSTER_SURVIVORS_STORE"
 """``host:port`` of a store that outlives every node of the job (app node sets it to its c10d rendezvous
 store): where the ranks still alive hold their roll call when rank 0's store is gone with its node."""
 
+STORE_PER_ROUND = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+"""torch's elastic agent with a store per rendezvous round (app node sets it for its agent): a node that comes back
+(a restarted container, an evicted node healed) joins a later round, and torch's shared agent store hands a joining
+node the bootstrap address of the first round only, which the new node cannot read (it waits until the join
+timeout; on Slurm the other agents then failed waiting 60 s for its role_info)."""
+
 EVICTION = "DDP_CLUSTER_EVICTION"
 """``FACTOR:AFTER:MIN_NODES``: the straggler policy of app node's --evict-factor, which its ranks apply to their own
 node at each exchange of step times (app/evict.py); unset: they evict nothing."""

@@ -414,6 +414,11 @@ def export_survivors_store(endpoint: str) -> None:
     os.environ[envvars.SURVIVORS_STORE] = endpoint
 
 
+def export_store_per_round() -> None:
+    """A store per rendezvous round for torch's agent in this process (``envvars.STORE_PER_ROUND``)."""
+    os.environ.update(envvars.STORE_PER_ROUND)
+
+
 def export_eviction(policy: evict.Policy) -> None:
     """Tell the ranks this process starts to evict their own node by ``policy`` (``ProcessInfo.eviction``)."""
     os.environ[envvars.EVICTION] = policy.text()

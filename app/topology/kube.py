@@ -226,7 +226,7 @@ def config_map(spec: ClusterSpec) -> dict:
     """torchrun's arguments and the node agent's own flags, as ``ddp-node`` reads them from /cluster/torchrun.args
     and /cluster/node.args (the straggler policy, where the job is elastic)."""
     data = {"torchrun.args": " ".join(render.torchrun_args(spec, pod_hosts(spec))) + "\n"}
-    if node := render.node_args(spec):
+    if node := render.node_args(spec, retry=False):  # ddp-node gives its --retry-every
         data[contract.NODE_ARGS] = " ".join(node) + "\n"
     return {
         "apiVersion": "v1",

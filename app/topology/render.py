@@ -82,14 +82,17 @@ def agent_args(spec: ClusterSpec, nnodes: int | str, nproc_per_node: int) -> lis
     return [f"--nnodes={shape}", f"--nproc-per-node={nproc_per_node}", f"--max-restarts={restarts}"]
 
 
-def node_args(spec: ClusterSpec) -> list[str]:
+def node_args(spec: ClusterSpec, retry: bool = True) -> list[str]:
     """``python -m app node``'s own flags where no runner watches the job (Slurm, Kubernetes): the spec's straggler
     policy, which each node's agent applies to its own node, where the job is elastic (``--min-nodes`` below
-    ``--nodes``: a job of a fixed size cannot go on without a node); else none."""
+    ``--nodes``: a job of a fixed size cannot go on without a node), and with ``retry`` the gate's
+    ``--retry-every`` (ddp-node's, which gives its own): an evicted node, or one kept out at the start, is judged
+    again until it passes, and joins the job then; else none."""
     n = spec.nodes
     if not (n.elastic and n.evict_factor):
         return []
-    return [f"--evict-factor={n.evict_factor:g}", f"--evict-after={n.evict_after}"]
+    again = [f"--retry-every={contract.GATE_RETRY_S}"] if retry else []
+    return [*again, f"--evict-factor={n.evict_factor:g}", f"--evict-after={n.evict_after}"]
 
 
 def c10d_args(spec: ClusterSpec, endpoint: str, run_id: str) -> list[str]:

@@ -172,8 +172,8 @@ def test_the_node_of_rank_0_lost_its_survivors_keep_the_step_in_the_rendezvous_s
     out, marker, snapshot = tmp_path / "out", tmp_path / "fault.json", tmp_path / "out" / "checkpoints" / "emergency.pt"
     hooks = [str(FAULT_JOB), "--marker", str(marker), "--fault-at-step", "7", "--fault-rank", "0", "--stall", "--"]
     job = [*hooks, *synthetic(out, *CHECKPOINTED, "--resume", "auto")]
-    # As ddp-node runs it (a store per round, in rank 0); gloo on loopback: both nodes are this machine.
-    env = _clean_env({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "GLOO_SOCKET_IFNAME": "lo"})
+    # app node sets a store per round, in rank 0 (envvars.STORE_PER_ROUND); gloo on loopback: one machine.
+    env = _clean_env({"GLOO_SOCKET_IFNAME": "lo"})
     head_address = this_machines_address()  # rank 0's node: an address the other node does not take for itself
 
     def start(port: int, addr: str, name: str) -> subprocess.Popen:
@@ -210,7 +210,7 @@ def test_an_elastic_job_starts_with_a_node_that_comes_seconds_after_the_first(tm
     """--nnodes 1:2 with a 2 s last call (ddp-cluster's rendering): the second node starts 6 s after the first, as
     on a loaded machine. The first round waits for it (half the join timeout), so the job starts on both nodes:
     started on the first alone, it would have ended there before the second came."""
-    env = _clean_env({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "GLOO_SOCKET_IFNAME": "lo"})
+    env = _clean_env({"GLOO_SOCKET_IFNAME": "lo"})
 
     def start(port: int, addr: str, name: str) -> subprocess.Popen:
         c10d = [

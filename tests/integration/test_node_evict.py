@@ -49,7 +49,7 @@ def test_a_slow_node_evicts_itself_the_others_go_on_at_the_same_global_batch_and
     hooks = [str(FAULT_JOB), "--pace-ms", "40", "--sleep-host", SLOW, "--sleep-while", str(slow_while),
              "--sleep-ms", "400", "--"]  # fmt: skip
     job = [*hooks, *synthetic(out, *TRAIN)]
-    env = _clean_env({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "GLOO_SOCKET_IFNAME": "lo",
+    env = _clean_env({"GLOO_SOCKET_IFNAME": "lo",
                       "DDP_CLUSTER_EVENTS_FILE": str(events_file)})  # fmt: skip
 
     def start(port: int, host: str) -> subprocess.Popen:

@@ -285,8 +285,8 @@ def test_an_elastic_job_gives_the_node_agents_the_straggler_policy_a_fixed_one_n
     elastic = build({"nodes": {"nodes": 3, "min_nodes": 2}})
     assert kube.config_map(elastic)["data"][contract.NODE_ARGS] == "--evict-factor=3 --evict-after=3\n"  # ddp-node's
     command = kube.pytorch_job(elastic)["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
-    assert command["command"][:8] == ["python", "-m", "app", "node", "--serve-metrics", "--evict-factor=3",
-                                      "--evict-after=3", "--"]  # fmt: skip
+    assert command["command"][:9] == ["python", "-m", "app", "node", "--serve-metrics", "--retry-every=10",
+                                      "--evict-factor=3", "--evict-after=3", "--"]  # fmt: skip
     fixed = build({"nodes": {"nodes": 3}})
     assert contract.NODE_ARGS not in kube.config_map(fixed)["data"]
     assert "--evict-factor=3" not in json.dumps(kube.pytorch_job(fixed))

@@ -77,7 +77,8 @@ def test_an_elastic_job_gives_every_nodes_agent_the_straggler_policy_a_fixed_one
     elastic = spec.build({"nodes": {"nodes": 3, "min_nodes": 2, "evict_factor": 4.0, "evict_after": 5}})
     said = slurm.render_script(elastic)
     records = '--records="/tmp/ddp-cluster-$SLURM_JOB_ID.gate"'  # this job's own gate figures, on each node
-    assert f"-m app node --serve-metrics {records} --evict-factor=4 --evict-after=5 -- " in said
+    policy = "--retry-every=10 --evict-factor=4 --evict-after=5"  # judged again until it passes, then it joins
+    assert f"-m app node --serve-metrics {records} {policy} -- " in said
     off = spec.build({"nodes": {"nodes": 3, "min_nodes": 2, "evict_factor": 0.0}})
     assert "--evict" not in slurm.render_script(off)
     assert "--evict" not in slurm.render_script(spec.build({"nodes": {"nodes": 3}}))  # nothing to go on with
