@@ -63,7 +63,7 @@ from app.diagnostics import doctor, health, outliers
 from app.errors import ClusterError, UsageError, first_line
 from app.flags import flag
 from app.runtime import devices
-from app.runtime.distributed import DistContext, add_command_arguments, command_process, process_group
+from app.runtime.distributed import DistContext, add_command_arguments, command_process, process_group, report_inside
 
 FAULT_OFFSET = 1000.0
 """Added by --inject-fault to the value a rank sends, so the check must catch it."""
@@ -425,20 +425,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_command_arguments(parser, CheckConfig)
 
 
+def publish(report: dict, cfg: CheckConfig) -> None:
+    """Rank 0's report: the table (or the JSON on stdout), and the JSON at --json."""
+    if cfg.json == "-":
+        json.dump(report, sys.stdout, indent=2)
+        print(flush=True)
+        return
+    print(format_table(report), flush=True)
+    if cfg.json:
+        atomic_write_text(cfg.json, json.dumps(report, indent=2) + "\n")
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run the check on this rank; rank 0 reports. Exit 0 only when every operation verified."""
+    """Run the check on this rank; rank 0 reports (before the ranks leave: ``report_inside``). Exit 0 only when every
+    operation verified."""
     cfg, dist_cfg, proc = command_process(CheckConfig, args)
     diagnosis = doctor.preflight(proc, dist_cfg, announce=False)
     with process_group(proc, dist_cfg) as ctx:
         report = build_report(ctx, cfg, diagnosis)
-    if proc.is_main:
-        if cfg.json == "-":
-            json.dump(report, sys.stdout, indent=2)
-            print()
-        else:
-            print(format_table(report), flush=True)
-            if cfg.json:
-                atomic_write_text(cfg.json, json.dumps(report, indent=2) + "\n")
-        if not report["ok"]:
-            raise ClusterError(f"check failed: {summary(report)}")
+        published = report_inside(lambda: publish(report, cfg), proc.is_main)
+    published()
+    if proc.is_main and not report["ok"]:
+        raise ClusterError(f"check failed: {summary(report)}")
     return 0 if report["ok"] else 1

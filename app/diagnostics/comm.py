@@ -80,7 +80,7 @@ from app.diagnostics import collectives, health
 from app.diagnostics.collectives import COLLECTIVES, DTYPES, OPS, bandwidths, format_size, size_parser, synchronize
 from app.errors import ClusterError, UsageError, first_line
 from app.flags import flag
-from app.runtime.distributed import DistContext, add_command_arguments, command_process, process_group
+from app.runtime.distributed import DistContext, add_command_arguments, command_process, process_group, report_inside
 
 SCHEMA = "ddp-cluster/comm/1"
 MIB = 1 << 20
@@ -505,20 +505,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_command_arguments(parser, CommConfig)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Sweep on this rank; rank 0 prints, writes --json/--plot, and fails on wrong values."""
-    cfg, dist_cfg, proc = command_process(CommConfig, args)
-    printer = (lambda text: print(text, flush=True)) if proc.is_main else (lambda text: None)
-    with process_group(proc, dist_cfg) as ctx:
-        report = build_report(ctx, cfg, printer)
-    if not proc.is_main:
-        return 0 if report["ok"] else 1
+def _publish(report: dict, cfg: CommConfig, printer) -> None:
+    """Rank 0's summary, --json and --plot."""
     if report["results"]:
         printer(format_summary(report))
     if cfg.json:
         atomic_write_text(cfg.json, json.dumps(report, indent=2) + "\n")
     if cfg.plot and report["results"]:
         plot(cfg.plot, report)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Sweep on this rank; rank 0 prints, writes --json/--plot, and fails on wrong values."""
+    cfg, dist_cfg, proc = command_process(CommConfig, args)
+    printer = (lambda text: print(text, flush=True)) if proc.is_main else (lambda text: None)
+    with process_group(proc, dist_cfg) as ctx:
+        report = build_report(ctx, cfg, printer)
+        published = report_inside(lambda: _publish(report, cfg, printer), proc.is_main)
+    published()
+    if not proc.is_main:
+        return 0 if report["ok"] else 1
     if not report["ok"]:
         raise ClusterError(f"comm: wrong values: {'; '.join(report['failures'])}")
     return 0

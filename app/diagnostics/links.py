@@ -72,7 +72,14 @@ from app.diagnostics.collectives import format_size, size_parser, synchronize
 from app.diagnostics.outliers import DEFAULT_K
 from app.errors import ClusterError, UsageError, first_line
 from app.flags import flag
-from app.runtime.distributed import DistContext, add_command_arguments, command_process, process_group, subgroup
+from app.runtime.distributed import (
+    DistContext,
+    add_command_arguments,
+    command_process,
+    process_group,
+    report_inside,
+    subgroup,
+)
 
 SCHEMA = "ddp-cluster/links/1"
 LATENCY_BYTES = 8
@@ -402,18 +409,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_command_arguments(parser, LinksConfig)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Measure on this rank; rank 0 prints, writes --json/--plot, and fails below --fail-below."""
-    cfg, dist_cfg, proc = command_process(LinksConfig, args)
-    with process_group(proc, dist_cfg) as ctx:
-        report = build_report(ctx, cfg)
-    if not proc.is_main:
-        return 0 if report["ok"] else 1
+def _publish(report: dict, cfg: LinksConfig) -> None:
+    """Rank 0's report, --json and --plot."""
     print(format_report(report), flush=True)
     if cfg.json:
         atomic_write_text(cfg.json, json.dumps(report, indent=2) + "\n")
     if cfg.plot:
         plot(cfg.plot, report)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Measure on this rank; rank 0 prints, writes --json/--plot, and fails below --fail-below."""
+    cfg, dist_cfg, proc = command_process(LinksConfig, args)
+    with process_group(proc, dist_cfg) as ctx:
+        report = build_report(ctx, cfg)
+        published = report_inside(lambda: _publish(report, cfg), proc.is_main)
+    published()
+    if not proc.is_main:
+        return 0 if report["ok"] else 1
     if not report["ok"]:
         slow = ", ".join(f"{s['src']} -> {s['dst']} {s['gbps']:.3f} GB/s" for s in report["below_fail"])
         raise ClusterError(f"links: below {report['fail_below']:g} x median {report['median_gbps']:.3f} GB/s: {slow}")

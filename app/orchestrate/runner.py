@@ -792,6 +792,8 @@ def _collect(run: Run, results: Path, elapsed: float) -> None:
     """Copy the results volume home (through rank 0's node) and print the newest summary written during this job."""
     results.mkdir(parents=True, exist_ok=True)
     if not engine.copy_out(run.main_container, str(contract.RESULTS_DIR), results):
+        run.say(f"cluster: the results were not copied to {results}: {run.main_container}'s {contract.RESULTS_DIR} "
+                f"could not be read; the volume {run.spec.job.name}_results keeps them until cluster-down")  # fmt: skip
         return
     fresh = [p for p in results.rglob("summary.json") if p.stat().st_mtime >= time.time() - elapsed - 5]
     if fresh:

@@ -14,7 +14,7 @@ import argparse
 import gc
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -228,6 +228,26 @@ def process_group(proc: ProcessInfo, cfg: DistConfig) -> Iterator[DistContext]:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def report_inside(action: Callable[[], object], is_main: bool) -> Callable[[], None]:
+    """Run rank 0's report (``action``: print, write the JSON) inside the process group, before the ranks leave it
+    together: once they leave, a failed command's other ranks end at once, and a launcher that stops the job when a
+    node fails (the compose runner) would stop rank 0 before its report was written. What ``action`` raises is
+    raised by the returned call, made after the group is left, so that a report that cannot be written does not
+    keep the other ranks at the leaving barrier until the timeout."""
+    failed: list[Exception] = []
+    if is_main:
+        try:
+            action()
+        except Exception as error:  # raised again once the ranks have left together
+            failed.append(error)
+
+    def after() -> None:
+        if failed:
+            raise failed[0]
+
+    return after
 
 
 def first_ranks(ctx: DistContext, sizes: Iterable[int]) -> dict[int, DistContext | None]:

@@ -1,7 +1,7 @@
 """Test worker: ``app comm`` / ``app links`` with faults that only a test may inject.
 
     python -m tests.integration.measure_worker [--corrupt-rank R] [--ranks-per-host N]
-        [--slow-sender R --delay S] [--slow-device R] [--one-core] <app command and flags>
+        [--slow-sender R --delay S] [--slow-device R] [--report-written PATH] [--one-core] <app command and flags>
 
 --corrupt-rank R: rank R's fill function (app.diagnostics.collectives.rank_data) returns one wrong element,
     so the sweep must count it (#wrong > 0) and fail.
@@ -12,6 +12,9 @@
 --slow-device R: rank R's device-health measurement (``app check``) does each matrix product
     and copy SLOW_DEVICE_FACTOR (10) times while counting it once, so its device reads at a tenth of its
     speed: far below the third (health.CPU_RANK_FLOOR) that a CPU rank must be under, whatever the noise.
+--report-written PATH: a rank other than 0, once its command returned (it left the process group), exits 7 with
+    one line when rank 0's report PATH is not there yet: what a launcher that stops the job as soon as a node fails
+    leaves of it.
 --one-core: every rank runs on the same core (the lowest this process may use), so the ranks share it
     evenly and their device figures differ by what the test injects, not by how the scheduler spread three
     ranks over two cores or what else the machine runs (two fast ranks a factor apart widen the rule's
@@ -62,6 +65,8 @@ def _slow_sender(delay: float) -> None:
     links._Link._send = slow_send
 
 
+REPORT_MISSING = 7
+"""--report-written's exit status."""
 SLOW_DEVICE_FACTOR = 10
 """--slow-device's rank does each step this many times while counting it once."""
 
@@ -87,6 +92,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--slow-sender", type=int)
     parser.add_argument("--delay", type=float, default=0.05)
     parser.add_argument("--slow-device", type=int)
+    parser.add_argument("--report-written")
     parser.add_argument("--one-core", action="store_true")
     args, rest = parser.parse_known_args(argv)
     if args.one_core:
@@ -100,7 +106,11 @@ def main(argv: list[str]) -> int:
         _slow_sender(args.delay)
     if args.slow_device == rank:
         _slow_device()
-    return cli.main(rest)
+    status = cli.main(rest)
+    if args.report_written and rank != 0 and not os.path.exists(args.report_written):
+        print(f"error: rank {rank} left the job before rank 0 wrote {args.report_written}", file=sys.stderr)
+        return REPORT_MISSING
+    return status
 
 
 if __name__ == "__main__":

@@ -177,6 +177,24 @@ def test_a_slow_device_is_named_and_fails_below_the_fraction(tmp_path) -> None:
     assert "below 0.5 x the median" in errors[0]
 
 
+@pytest.mark.parametrize(
+    ("command", "fault"),
+    [
+        (["check", "--device-seconds", "0", "--inject-fault", "all_reduce_sum@1"], []),
+        (["comm", "--max-bytes", "1K", "--step-factor", "4", "--iters", "1"], ["--corrupt-rank", "1"]),
+    ],
+    ids=["check", "comm"],
+)
+def test_a_failed_command_has_its_report_written_before_the_other_ranks_leave(tmp_path, command, fault) -> None:
+    """A wrong value fails the command, and its other ranks end at once: a launcher that stops the job when a node
+    fails (the compose runner) stopped rank 0 before it wrote check.json. Rank 1 looks for the report as it leaves."""
+    report = tmp_path / "r.json"
+    args = [*fault, "--report-written", str(report), *command, "--json", str(report)]
+    results = run_ranks(2, args, tmp_path, module=DEVICE_WORKER)
+    assert [r.returncode for r in results] == [1, 1], results[1].stderr[-3000:]
+    assert _report(report)["ok"] is False
+
+
 @pytest.mark.noise
 def test_the_same_worker_without_a_slow_device_names_none(tmp_path) -> None:
     """Marked noise (make test-noise): names none only while three ranks' real figures stay within a third of each
