@@ -16,8 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration import zygote
-
 PYTHON = sys.executable
 TORCHRUN = str(Path(PYTHON).parent / "torchrun")
 DEFAULT_TIMEOUT = 240
@@ -58,8 +56,10 @@ def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def run_single(
     args: list[str], timeout: float = DEFAULT_TIMEOUT, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    """``python -m app ARGS`` as a plain single process (a fork of the zygote)."""
-    return zygote.run("app", args, _clean_env(env), timeout)
+    """``python -m app ARGS`` as a plain single process."""
+    return subprocess.run(
+        [PYTHON, "-m", "app", *args], env=_clean_env(env), capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def run_torchrun(
@@ -116,7 +116,8 @@ def run_slurm_style(
                 "SLURM_JOB_NODELIST": nodelist,
             }
         )
-        procs.append(zygote.spawn("app", [*args, "--init-method", f"file://{rdzv}"], env))
+        cmd = [PYTHON, "-m", "app", *args, "--init-method", f"file://{rdzv}"]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = []
     for proc in procs:
         try:

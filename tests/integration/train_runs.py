@@ -13,8 +13,7 @@ from pathlib import Path
 
 import torch
 
-from tests.integration import zygote
-from tests.integration.launchers import TORCHRUN, _clean_env
+from tests.integration.launchers import PYTHON, TORCHRUN, _clean_env
 
 TIMEOUT = 240
 _rdzv_counter = itertools.count()
@@ -28,7 +27,7 @@ def run_ranks(
     timeout: float = TIMEOUT,
     env_of: Callable[[int], dict[str, str]] | None = None,
 ) -> list[subprocess.CompletedProcess]:
-    """Start ``nproc`` processes of ``python -m MODULE ARGS`` as ranks of one job (forks of the zygote); wait for all.
+    """Start ``nproc`` processes of ``python -m MODULE ARGS`` as ranks of one job; wait for all.
     env_of: more environment for a rank, by its rank."""
     rdzv = tmp_path / f"rdzv-{next(_rdzv_counter)}"
     procs = []
@@ -37,7 +36,8 @@ def run_ranks(
             {"RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(nproc)}
             | (env_of(rank) if env_of else {})
         )
-        procs.append(zygote.spawn(module, [*args, "--init-method", f"file://{rdzv}"], env))
+        cmd = [PYTHON, "-m", module, *args, "--init-method", f"file://{rdzv}"]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = []
     try:
         for proc in procs:
