@@ -219,7 +219,8 @@ def test_a_rank_that_fails_the_same_way_twice_is_not_restarted_again_and_the_lin
 
 
 def test_mpi_profile_runs_check_over_ssh(cluster):
-    proc = cluster.make("cluster-mpi", "MPI_JOB=check --json /results/check.json")
+    # No device verdict: equal nodes on this loaded machine read up to 2x apart (a fresh-clone make test failed so).
+    proc = cluster.make("cluster-mpi", "MPI_JOB=check --device-seconds 0 --json /results/check.json")
     assert proc.returncode == 0, explain(proc)
     report = cluster.json("check.json")
     assert report["ok"] and report["launcher"] == "openmpi", report
