@@ -425,7 +425,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_command_arguments(parser, CheckConfig)
 
 
-def publish(report: dict, cfg: CheckConfig) -> None:
+def _publish(report: dict, cfg: CheckConfig) -> None:
     """Rank 0's report: the table (or the JSON on stdout), and the JSON at --json."""
     if cfg.json == "-":
         json.dump(report, sys.stdout, indent=2)
@@ -443,7 +443,7 @@ def run(args: argparse.Namespace) -> int:
     diagnosis = doctor.preflight(proc, dist_cfg, announce=False)
     with process_group(proc, dist_cfg) as ctx:
         report = build_report(ctx, cfg, diagnosis)
-        published = report_inside(lambda: publish(report, cfg), proc.is_main)
+        published = report_inside(lambda: _publish(report, cfg), proc.is_main)
     published()
     if proc.is_main and not report["ok"]:
         raise ClusterError(f"check failed: {summary(report)}")
