@@ -202,13 +202,22 @@ def rendezvous_failed(error: Exception, parsed: argparse.Namespace) -> str:
 # --- each rank: a fork of the server ---------------------------------------------------------------
 
 
+def name_process(title: str) -> None:
+    """What ``ps`` shows for this rank; where setproctitle (the package's dependency) is missing, as on a GPU machine
+    that has only torch, the rank keeps the server's title."""
+    try:
+        from setproctitle import setproctitle
+    except ImportError:
+        return
+    setproctitle(title)
+
+
 def rank_main(job: agent.Job) -> None:
     """One rank of ``job`` in a fork of the server (torch's agent set its environment): as ``python -u``."""
     import torch
-    from setproctitle import setproctitle
 
     launcher.set_environment(dict(job.environment))
-    setproctitle(f"python -u {' '.join(job.words())} [rank {launcher.identity().rank}]")
+    name_process(f"python -u {' '.join(job.words())} [rank {launcher.identity().rank}]")
     if threads := launcher.cpu_threads():
         torch.set_num_threads(threads)  # as a new interpreter would read OMP_NUM_THREADS (the server read none)
     sys.stdout, sys.stderr = whole_lines(sys.stdout), whole_lines(sys.stderr)

@@ -247,3 +247,14 @@ def test_an_evicted_nodes_agent_leaves_and_a_change_of_the_jobs_nodes_is_no_rest
     with pytest.raises(agent.evicted_error()):
         monitored([evict.LEFT, evict.LEFT])
     assert len(left) == 1 and isinstance(left[0], Handler)
+
+
+def test_a_rank_names_its_process_where_setproctitle_is_installed_and_goes_on_where_it_is_not(monkeypatch):
+    """A GPU machine with only torch (no setproctitle): the rank keeps the server's title instead of failing."""
+    titles = []
+    monkeypatch.setitem(sys.modules, "setproctitle", SimpleNamespace(setproctitle=titles.append))
+    node.name_process("python -u -m app train [rank 3]")
+    assert titles == ["python -u -m app train [rank 3]"]
+    monkeypatch.setitem(sys.modules, "setproctitle", None)  # import setproctitle raises ImportError
+    node.name_process("python -u -m app train [rank 3]")
+    assert titles == ["python -u -m app train [rank 3]"]
