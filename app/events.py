@@ -32,7 +32,7 @@ GAVE_UP = "gave_up"
 ``attempts`` (the attempts made)."""
 ERROR = "error"
 """A rank's (or a node command's) one-line error: ``line`` (as printed), ``cause`` (its message alone),
-``status`` (the exit status), ``reason`` (PEERS_LOST, NO_SPACE or "")."""
+``status`` (the exit status), ``reason`` (PEERS_LOST, PEERS_STOPPED, NO_SPACE or "")."""
 RESUMED = "resumed"
 """Rank 0 resumed training: ``from_step``, ``checkpoint`` (None: from the start), ``reached`` (the failed
 attempt's last step; None: unknown)."""
@@ -58,8 +58,12 @@ TRAINING_FACTS = (EXCHANGE, CHECKPOINT, RESIZE)
 
 BAD_INPUT, REPEATED = "bad_input", "repeated"
 """Why an agent gave up: a rank said its input is bad (exit status 2); a rank failed the same way twice."""
-PEERS_LOST, NO_SPACE = "peers_lost", "no_space"
-"""Reasons of an error: other ranks stopped answering; a disk (or quota) is full."""
+PEERS_LOST, PEERS_STOPPED, NO_SPACE = "peers_lost", "peers_stopped", "no_space"
+"""Reasons of an error: other ranks stopped answering; every other rank answered, and the ones missing were stopped
+by their own launcher (SIGTERM: a restart, or a new rendezvous round); a disk (or quota) is full."""
+REGROUP = "regroup"
+"""A node's agent stops its ranks because a node waits to join the job (torch's agent starts a new rendezvous round
+and the world grows): not a failure. Its ranks, and the others', may report the collective this cut short."""
 JOB_STARTED = "job_started"
 """The cluster runner started a job (``python -m app cluster up``): ``job`` (its name), ``launcher``, ``nodes``,
 ``nproc_per_node``. The records after it are that job's."""

@@ -187,6 +187,11 @@ def event_agent() -> type:
                     self._judge(result.failures, attempt)
             return result
 
+        def _restart_workers(self, worker_group):  # (torch's signature)
+            if worker_group.state == WorkerState.HEALTHY:  # torch's agent saw a node waiting to join: no failure
+                events.write(events.REGROUP, why="a node waits to join")
+            super()._restart_workers(worker_group)
+
         def _no_failure(self, failures: dict, handler: Any) -> bool:
             """The ranks failed because the job's nodes changed, not for a failure to count: an evicted node left
             (every rank says ``evict.PEER_LEFT``), or a node waits to join, for which another node's agent already
@@ -195,9 +200,12 @@ def event_agent() -> type:
             if {failure.exitcode for failure in failures.values()} == {evict.PEER_LEFT}:
                 return True
             try:
-                return handler.num_nodes_waiting() > 0
+                waiting = handler.num_nodes_waiting() > 0
             except Exception:  # the store is gone (a RendezvousError, a DistError): a failure, counted
                 return False
+            if waiting:
+                events.write(events.REGROUP, why="a node waits to join")
+            return waiting
 
         def _write(self, failures: dict, attempt: int) -> None:
             for rank, failure in sorted(failures.items()):

@@ -73,9 +73,10 @@ from app.topology.spec import ClusterSpec
 STOP_GRACE_S = compose.STOP_GRACE_S
 EVENTS_EVERY_S = 0.5
 """How often the runner reads the job's events file for new records."""
-CONTAINER, KILLED, SILENT, ERROR, EXITED = range(5)
+CONTAINER, KILLED, SILENT, ERROR, EXITED, CUT_SHORT, STOPPED = range(7)
 """Kinds of failure, the most telling first: a node's container stopped, a rank was killed by a signal,
-ranks stopped answering (the others' report), another error of the app, a rank's exit status."""
+ranks stopped answering (the others' report), another error of the app, a rank's exit status, a rank whose
+collective was cut short by peers that their launcher stopped (its report), a rank stopped by its launcher."""
 
 
 def describe_status(code: int) -> str:
@@ -113,6 +114,11 @@ class Incident:
         """The rank the cause names (None: a container, or no rank's)."""
         first = self._first()
         return first[3] if first else None
+
+    @property
+    def only_stopped(self) -> bool:
+        """Every failure seen is a rank that its launcher stopped, or one whose peers it stopped."""
+        return all(kind in (CUT_SHORT, STOPPED) for kind, *_ in self.causes)
 
 
 BAD_INPUT = "bad input fails the same way on every attempt"
@@ -172,6 +178,10 @@ class Run:
     """Node containers stopped by an eviction -> seconds each waits before it is started again (its gate)."""
     left: list[str] = field(default_factory=list)
     """Evicted nodes whose leaving the next resume is (not a failure: no restart line)."""
+    regrouped: bool = False
+    """A node's agent stopped its ranks for a node waiting to join (``events.REGROUP``) since the job last ran."""
+    stopped_ranks: set[int] = field(default_factory=set)
+    """Ranks whose error said their peers were stopped by their launcher (``events.PEERS_STOPPED``)."""
     returned: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Node -> when it was last started again after an eviction, and the wait it had then (``evict.backoff``)."""
     watch: evict.Watch | None = None
@@ -261,6 +271,9 @@ class Run:
             self.resumed(progress.Resumed(int(record["from_step"]), record.get("checkpoint"), record.get("reached")))
         elif kind == events.GATE:
             self.gated(node, record)
+        elif kind == events.REGROUP:
+            with self.lock:
+                self.regrouped = True
         elif kind == events.EXCHANGE and self.watch is not None:
             self.paced(record)
 
@@ -287,10 +300,12 @@ class Run:
     def worker_failed(self, node: str, record: dict) -> None:
         """A node's agent saw a rank's process end (torchelastic's ``ProcessFailure``)."""
         code, rank = int(record["exitcode"]), record.get("rank")
-        kind = KILLED if code < 0 and code != -signal.SIGTERM else EXITED  # the agent stops the others with TERM
+        kind = KILLED if code < 0 and code != -signal.SIGTERM else EXITED
         where = f"local rank {record.get('local_rank')} on {node}"
         with self.lock:  # when the rank ended, as it told it; else when its agent saw it
             at = self.rank_ended.pop(int(rank), None) if rank is not None else None
+            if code == -signal.SIGTERM or rank in self.stopped_ranks:  # its launcher's stop, or cut short by one
+                kind = STOPPED if code == -signal.SIGTERM else CUT_SHORT
         text = f"rank {rank} ({where}) ended with {describe_status(code)}"
         self.failure(kind, text, at or float(record.get("time") or time.time()), rank)
         if record.get("message") and rank is not None:
@@ -299,8 +314,12 @@ class Run:
 
     def app_error(self, record: dict) -> None:
         """A rank's one-line error: held back while the job may resume; a hopeless one stops the job."""
-        line, cause = str(record.get("line", "")), str(record.get("cause", ""))
-        self.failure(SILENT if record.get("reason") == events.PEERS_LOST else ERROR, cause)
+        line, cause, reason = str(record.get("line", "")), str(record.get("cause", "")), record.get("reason")
+        kinds = {events.PEERS_LOST: SILENT, events.PEERS_STOPPED: CUT_SHORT}
+        if reason == events.PEERS_STOPPED and record.get("rank") is not None:
+            with self.lock:
+                self.stopped_ranks.add(int(record["rank"]))
+        self.failure(kinds.get(reason, ERROR), cause)
         with self.lock:
             self.errors.append(line)
             self.causes[record.get("rank")] = cause
@@ -344,9 +363,13 @@ class Run:
         """The job runs again: one line for the restart, with the failure's cause."""
         with self.lock:
             incident, self.incident, self.errors = self.incident, None, []
+            regrouped, self.regrouped = self.regrouped, False
             self.raised.clear()
             self.rank_ended.clear()
-        if incident is None:  # a run that continues an earlier job
+            self.stopped_ranks.clear()
+        if incident is not None and regrouped and incident.only_stopped:  # a node joined: the agents stopped
+            incident = None  # their ranks for the new round, which some saw as a collective cut short: no failure
+        if incident is None:  # a run that continues an earlier job, or the world grew
             self.say(f"cluster: {resumed.line().removeprefix('train: ')}")
             return
         if self.left:  # the ranks lost were an evicted node's: no failure

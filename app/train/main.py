@@ -137,7 +137,8 @@ def train(cfg: TrainConfig, dist_cfg: DistConfig, prepare: Callable[[Trainer], N
                     raise
                 ctx.mark_broken(first_line(error))
                 line = _failed_collective(error, trainer, recorder, dumps)
-                reason = events.PEERS_LOST if trainer.watch.peers_lost else ""
+                found = trainer.watch
+                reason = events.PEERS_LOST if found.peers_lost else events.PEERS_STOPPED if found.peers_stopped else ""
                 if (left := trainer.watch.left) and watch.lost_peer(error):  # the evicted node's ranks are gone
                     line = f"node {left.node} left the job (evicted at step {trainer.watch.exchanged_at}'s exchange)"
                     raise ClusterError(line + snapshot.write(trainer), evict.PEER_LEFT, reason) from error

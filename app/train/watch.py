@@ -197,9 +197,11 @@ class Watch:
         self.since = time.monotonic()
         """When this rank began what it is ``doing`` (the flight recorder's watcher reads it)."""
         self.exchanged_at = 0
+        """The step of the last exchange: every rank had reached it."""
         self.peers_lost = False
         """``explain`` found ranks that stopped answering (the job's events say so: ``app.events.PEERS_LOST``)."""
-        """The step of the last exchange: every rank had reached it."""
+        self.peers_stopped = False
+        """``explain`` found every rank answering and some stopped by their launcher (``app.events.PEERS_STOPPED``)."""
         self.answers: dict[int, dict] = {}
         """After a failed collective: what each rank that answered the roll call said (``explain``)."""
         self._where = ""
@@ -318,6 +320,7 @@ class Watch:
             return f"{failed}; no store answers (rank 0's on {self.hosts[0]}{nor}): which ranks stopped cannot be told"
         silent = [r for r in range(self.world) if r not in answered]
         stopped = [r for r in answered if self.answers[r].get("stopped")]
+        self.peers_stopped = not silent and bool(stopped)
         if not silent and stopped:
             return f"{failed}; {self._on_hosts(stopped)} stopped: their launcher ended them (SIGTERM)"
         if not silent:

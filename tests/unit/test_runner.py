@@ -376,6 +376,41 @@ def test_a_node_kept_out_by_its_gate_is_one_line_and_no_restart(run, capsys):
     assert capsys.readouterr().out == ""  # a node let in at once: nothing to say
 
 
+CUT_SHORT = (
+    "the gradient all-reduce of step 124 failed (Connection closed by peer); rank 1 on demo-worker-1 stopped: "
+    "their launcher ended them (SIGTERM); rank 0 kept step 123 in /r/f/checkpoints/emergency.pt"
+)
+REGROUP = ("demo-worker-1", None, events.REGROUP, {"why": "a node waits to join"})
+
+
+@pytest.mark.parametrize("agent_saw_it_fail", [False, True])
+def test_a_node_that_joins_restarts_the_ranks_for_a_new_round_which_is_no_failure(run, capsys, agent_saw_it_fail):
+    """A node passed its gate: the agents stop their ranks for the new round (SIGTERM), one before the other, so
+    rank 0's all-reduce is cut short and it says so; its own agent may see it fail first. The world grows: no
+    restart is counted or said."""
+    seen = [failed("demo-head-1", 0, 0, 1, f"error: rank 0 on demo-head-1: {CUT_SHORT}")] if agent_saw_it_fail else []
+    happen(run, REGROUP, failed("demo-worker-1", 1, 0, -15), error("demo-head-1", 0, CUT_SHORT,
+           reason=events.PEERS_STOPPED), *seen)  # fmt: skip
+    happen(run, resumed())
+    assert capsys.readouterr().out.splitlines() == [f"cluster: {RESUMED}"]
+    assert run.resumptions == 0 and run.incident is None and not run.regrouped and run.stopped_ranks == set()
+
+
+def test_ranks_stopped_by_their_launcher_without_a_node_joining_are_a_restart(run, capsys):
+    happen(run, error("demo-head-1", 0, CUT_SHORT, reason=events.PEERS_STOPPED), failed("demo-worker-1", 1, 0, -15))
+    happen(run, resumed())
+    assert capsys.readouterr().out.splitlines() == [f"cluster: restart 1: {CUT_SHORT}; {RESUMED}"]
+
+
+def test_a_failure_beside_a_node_joining_is_still_a_restart(run, capsys):
+    happen(run, REGROUP, failed("demo-worker-1", 1, 0, -9), error("demo-head-1", 0, CUT_SHORT,
+           reason=events.PEERS_STOPPED))  # fmt: skip
+    happen(run, resumed())
+    assert capsys.readouterr().out.splitlines() == [
+        f"cluster: restart 1: rank 1 (local rank 0 on demo-worker-1) ended with signal 9 (SIGKILL); {RESUMED}"
+    ]
+
+
 @pytest.mark.parametrize(
     ("by_docker", "state", "calls", "slept"),
     [
