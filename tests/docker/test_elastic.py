@@ -2,7 +2,7 @@
 test_faults.py): with --min-nodes 1 a worker container removed at step 25 leaves the job on the head,
 which resumes from its last checkpoint on 2 ranks with accumulation 2 and ends within a measured
 tolerance of an uninterrupted run, digits accuracy >= 95%; with --min-nodes 2 (= --nodes, the default)
-the same loss ends the job as before. A worker throttled (``docker update --cpus 0.1``) and killed comes
+the same loss ends the job as before. A worker throttled (``docker update --cpus 0.05``) and killed comes
 back slow: its health gate (app gate) keeps it out with one line naming the device check and its figure,
 the job goes on with the head; healed, the worker passes its gate and rejoins: the world grows to 4 ranks.
 
@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from tests.rigs.faults.drive import CFS_PERIOD_US, TRAIN, FaultRun, explain
+from tests.rigs.faults.drive import CFS_PERIOD_US, SICK_QUOTA_US, TRAIN, FaultRun, explain
 
 from .conftest import project_leftovers, run
 
@@ -129,10 +129,8 @@ def test_a_worker_that_comes_back_slow_is_kept_out_then_healed_rejoins_and_the_w
     proc = fault_run.start(GATE_HOOKS, "--min-nodes", "1", train=GATE_TRAIN)
     fault_run.marker(proc)
     worker = fault_run.container("worker")
-    # A tenth of a core: 8.7 GFLOP/s against 47 idle, under a third of a busy machine's figures (0.05 kept it
-    # out as surely, but Python started twice as slowly: the kept-out line came after 40 s instead of 20)
     throttled = fault_run.engine.containers.get(worker)
-    throttled.update(cpu_period=CFS_PERIOD_US, cpu_quota=CFS_PERIOD_US // 10)  # docker update --cpus 0.1
+    throttled.update(cpu_period=CFS_PERIOD_US, cpu_quota=SICK_QUOTA_US)
     throttled.kill()
     killed_at = time.time()
     said = _gate_line(fault_run, proc, worker)

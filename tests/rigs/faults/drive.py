@@ -33,6 +33,10 @@ OUT = "/results/f"
 MARKER = f"{OUT}/fault.json"
 CFS_PERIOD_US = 100_000
 """The CFS period that ``docker update --cpus`` sets; the SDK's update takes a quota in it (no --cpus)."""
+SICK_QUOTA_US = CFS_PERIOD_US // 20
+"""A sick node's quota (``docker update --cpus 0.05``): a ceiling, under any load, of about a tenth of what the
+node measured alone at the job's start on this 2-core machine. At --cpus 0.1 it measured more than half the job's
+figure on a loaded CI machine (its gate let it in); Python starts twice as slowly at 0.05 as at 0.1."""
 COLLECTIVE_TIMEOUT = 20
 """The job's --timeout: a collective that waits longer fails."""
 TRAIN = [
