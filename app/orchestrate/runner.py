@@ -367,11 +367,9 @@ class Run:
             self.raised.clear()
             self.rank_ended.clear()
             self.stopped_ranks.clear()
-        if incident is not None and regrouped and incident.only_stopped:  # a node joined: the agents stopped
-            incident = None  # their ranks for the new round, which some saw as a collective cut short: no failure
-        if incident is None:  # a run that continues an earlier job, or the world grew
-            self.say(f"cluster: {resumed.line().removeprefix('train: ')}")
-            return
+        if incident is None or (regrouped and incident.only_stopped and not self.left):  # a run that continues
+            self.say(f"cluster: {resumed.line().removeprefix('train: ')}")  # an earlier job; or a node joined: the
+            return  # agents stopped their ranks for the new round, some saw a collective cut short: no failure
         if self.left:  # the ranks lost were an evicted node's: no failure
             with self.lock:
                 gone, self.left = self.left, []
