@@ -8,12 +8,14 @@ import json
 import subprocess
 import sys
 import threading
+import time
 import uuid
+from dataclasses import asdict
 
 import pytest
 
-from app import contract
-from app.orchestrate import engine
+from app import contract, events
+from app.orchestrate import engine, runner, status
 from app.topology import command as topology
 from app.topology import compose
 from app.topology.spec import ClusterSpec
@@ -106,11 +108,15 @@ def test_check_and_training_on_2x2_then_nothing_left(cluster):
         f'ddp_rank_busy_seconds{{{labels},rank="0"}} ' in metrics and f"ddp_job_world_size{{{labels}}} 4.0" in metrics
     )
     assert f"ddp_node_training{{{labels}}} 1.0" in metrics, metrics
-    training = [s for s in seen if s["running"] and s["step"]]
-    assert training, seen  # at least one status between two exchanges of step times (every 20 of 60 steps)
-    both = [(head, "training", [0, 1]), (worker, "training", [2, 3])]  # (the last ones: the job's end, nodes down)
-    last = next((s for s in training if [(n["name"], n["state"], n["ranks"]) for n in s["nodes"]] == both), None)
-    assert last is not None, training
+    assert any(s["running"] for s in seen), seen  # the command answers while the job runs
+    # What it showed at the job's last exchange of step times, from the job's own events: the 60 steps take about 2 s
+    # after the first exchange, which a loaded machine's polls can miss (make test did, twice).
+    records, _ = events.read(compose.events_file(ROOT / runner.STATE_DIR / cluster.project))
+    last_exchange = max(i for i, r in enumerate(records) if r.get("kind") == events.EXCHANGE)
+    containers = {head: "running", worker: "running"}
+    last = asdict(status.fold(cluster.project, records[: last_exchange + 1], containers, time.time()))
+    both = [(head, "training", [0, 1]), (worker, "training", [2, 3])]
+    assert [(n["name"], n["state"], n["ranks"]) for n in last["nodes"]] == both, last
     assert (last["world_size"], last["global_batch"], last["accum_steps"]) == (4, 256, 1) and last["samples_per_s"] > 0
     after = _status(cluster.project)
     assert after["running"] is False and after["ended_status"] == 0 and after["restarts"] == 0, after
