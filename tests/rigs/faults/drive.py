@@ -36,7 +36,8 @@ CFS_PERIOD_US = 100_000
 SICK_QUOTA_US = CFS_PERIOD_US // 20
 """A sick node's quota (``docker update --cpus 0.05``): a ceiling, under any load, of about a tenth of what the
 node measured alone at the job's start on this 2-core machine. At --cpus 0.1 it measured more than half the job's
-figure on a loaded CI machine (its gate let it in); Python starts twice as slowly at 0.05 as at 0.1."""
+figure on a loaded CI machine (its gate let it in); Python starts twice as slowly at 0.05 as at 0.1 (test_evict,
+whose evicted node starts again under its quota, keeps 0.1)."""
 COLLECTIVE_TIMEOUT = 20
 """The job's --timeout: a collective that waits longer fails."""
 TRAIN = [
