@@ -189,8 +189,13 @@ def event_agent() -> type:
 
         def _restart_workers(self, worker_group):  # (torch's signature)
             if worker_group.state == WorkerState.HEALTHY:  # torch's agent saw a node waiting to join: no failure
-                events.write(events.REGROUP, why="a node waits to join")
+                self._regroup()
             super()._restart_workers(worker_group)
+
+        @staticmethod
+        def _regroup() -> None:
+            """Say that this agent stops its ranks for a node waiting to join (``events.REGROUP``)."""
+            events.write(events.REGROUP, why="a node waits to join")
 
         def _no_failure(self, failures: dict, handler: Any) -> bool:
             """The ranks failed because the job's nodes changed, not for a failure to count: an evicted node left
@@ -204,7 +209,7 @@ def event_agent() -> type:
             except Exception:  # the store is gone (a RendezvousError, a DistError): a failure, counted
                 return False
             if waiting:
-                events.write(events.REGROUP, why="a node waits to join")
+                self._regroup()
             return waiting
 
         def _write(self, failures: dict, attempt: int) -> None:

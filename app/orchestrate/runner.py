@@ -300,12 +300,12 @@ class Run:
     def worker_failed(self, node: str, record: dict) -> None:
         """A node's agent saw a rank's process end (torchelastic's ``ProcessFailure``)."""
         code, rank = int(record["exitcode"]), record.get("rank")
-        kind = KILLED if code < 0 and code != -signal.SIGTERM else EXITED
         where = f"local rank {record.get('local_rank')} on {node}"
         with self.lock:  # when the rank ended, as it told it; else when its agent saw it
             at = self.rank_ended.pop(int(rank), None) if rank is not None else None
-            if code == -signal.SIGTERM or rank in self.stopped_ranks:  # its launcher's stop, or cut short by one
-                kind = STOPPED if code == -signal.SIGTERM else CUT_SHORT
+            cut_short = rank in self.stopped_ranks  # its peers were stopped by their launcher
+        # SIGTERM: its launcher stopped it (a restart, a new round); a rank cut short by such a stop exits with 1
+        kind = STOPPED if code == -signal.SIGTERM else CUT_SHORT if cut_short else KILLED if code < 0 else EXITED
         text = f"rank {rank} ({where}) ended with {describe_status(code)}"
         self.failure(kind, text, at or float(record.get("time") or time.time()), rank)
         if record.get("message") and rank is not None:
