@@ -48,9 +48,10 @@ def test_every_sample_spans_the_sample_time_even_when_the_calibration_call_was_s
 
     health.rate(step, 1.0, torch.device("cpu"), budget_s=0.0)
     timed = calls[2:]  # after the untimed call and the calibration call: one sample (no budget for more)
-    # rate's clock starts just before the first call's own (a CI run read 0.19999881 s): 1 ms of slack, against
-    # the 4 ms that 4 calls of 1 ms would span without the fix
-    assert timed[-1][1] - timed[0][0] >= health.MIN_SAMPLE_S - 0.001
+    # rate's clock starts before the first call's own, and a loaded machine can stop the process in between (a CI
+    # run read 0.19999881 s, a loaded unit run less): a quarter of the sample as slack, against the 4 ms that 4 calls
+    # of 1 ms would span without the fix
+    assert timed[-1][1] - timed[0][0] >= 0.75 * health.MIN_SAMPLE_S
 
 
 def test_every_sample_of_a_measurement_starts_together_and_the_figure_is_the_median_round() -> None:
