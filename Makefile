@@ -18,13 +18,11 @@ DOCKERFILES = $(shell git ls-files -co --exclude-standard | grep -E '(^|/)([^/]+
 # Every shell script of the repository (by extension or by a bash/sh shebang), for shellcheck.
 SHELL_SCRIPTS = $(shell git ls-files -co --exclude-standard | xargs grep -lsE '^\#!/(usr/)?bin/(env )?(ba)?sh' | sort)
 
-# Targets the areas' own files (mk/*.mk) add for `make test`, e.g. the engine and the images.
+# Targets the areas' own files (mk/*.mk) add for `make test`, e.g. the engine, the images and .venv-tv: all of
+# them made before pytest starts, so that nothing heavy runs beside the timed tests.
 TEST_PREREQS :=
 # Test suites run after the main pytest run, e.g. the torchvision suite in its own venv.
 EXTRA_TESTS :=
-# Set-up that `make test` runs in the background while the main pytest run goes on, for the suites
-# after it (e.g. .venv-tv); its output goes to build/logs/test-background.log.
-TEST_BACKGROUND :=
 
 ##@ General
 
@@ -47,13 +45,19 @@ $(VENV)/.stamp: pyproject.toml
 venv: $(VENV)/.stamp ## Create the Python environment in .venv (torch CPU, test and lint tools).
 
 .PHONY: host-deps
-host-deps: ## Install the host packages the tests use (OpenMPI, shellcheck) on Debian/Ubuntu if missing.
+# promtool comes with Debian's prometheus package, whose install starts and enables the Prometheus daemon where
+# systemd runs: disabled and stopped right after (a policy-rc.d would only keep it from starting now, and it
+# would start at the next boot), so that only the program stays.
+host-deps: ## Install the host packages the tests use (OpenMPI, shellcheck, promtool) on Debian/Ubuntu if missing.
 	@missing=""; command -v mpirun >/dev/null || missing="openmpi-bin libopenmpi-dev"; \
 	command -v shellcheck >/dev/null || missing="$$missing shellcheck"; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if command -v apt-get >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    $$missing >/dev/null; \
+	  if [[ $$missing == *prometheus* && -d /run/systemd/system ]]; then \
+	    systemctl disable --now --quiet prometheus.service; fi; \
 	else echo "error: missing $$missing: install them with your package manager" >&2; exit 1; fi
 
 .PHONY: demo
@@ -92,20 +96,17 @@ test-noise: venv engine ## Tests that judge verdicts on real measurement noise (
 	$(PY) -m pytest -m noise $(PYTEST_ARGS)
 
 .PHONY: test
-# The venv and lint run beside the engine, base and images (which need no venv; one core each); host-deps first:
-# it and the engine may both run apt.
+# The venv and lint run beside the engine, base, images and .venv-tv (which need no venv; one core each); host-deps
+# first: it and the engine may both run apt. The pytest line holds no $(MAKE), so that `make -n test` runs no test.
 test: host-deps ## Lint, then every test but the noise ones: unit, real processes, containers, Ansible (sets up what it needs).
 	@mkdir -p build/logs; lintlog=build/logs/test-lint.log; start=$$EPOCHSECONDS; \
 	$(MAKE) --no-print-directory lint >$$lintlog 2>&1 & lint=$$!; \
 	$(MAKE) --no-print-directory engine base && \
 	$(MAKE) --no-print-directory -j3 --output-sync=target $(TEST_PREREQS) || { wait $$lint; exit 1; }; \
 	wait $$lint && cat $$lintlog || { cat $$lintlog; echo "error: make lint failed (log: $$lintlog)" >&2; exit 1; }; \
-	echo "test: venv, lint, engine, base and images ready in $$((EPOCHSECONDS - start)) s"
-	@mkdir -p build/logs; log=build/logs/test-background.log; : >$$log; start=$$EPOCHSECONDS; \
-	$(if $(TEST_BACKGROUND),$(MAKE) --no-print-directory $(TEST_BACKGROUND) >$$log 2>&1 &,true &) background=$$!; \
-	echo "$(PY) -m pytest --durations=40 $(TEST_SELECTION) $(PYTEST_ARGS)  (beside it: make $(TEST_BACKGROUND), log $$log)"; \
+	echo "test: venv, lint, engine, base, images and .venv-tv ready in $$((EPOCHSECONDS - start)) s"
+	@start=$$EPOCHSECONDS; echo "$(PY) -m pytest --durations=40 $(TEST_SELECTION) $(PYTEST_ARGS)"; \
 	DDP_REQUIRE_TEST_DEPS=1 $(PY) -m pytest --durations=40 $(TEST_SELECTION) $(PYTEST_ARGS) && status=0 || status=$$?; \
-	echo "test: pytest took $$((EPOCHSECONDS - start)) s"; \
-	wait $$background || { echo "error: make $(TEST_BACKGROUND) failed: see $$log" >&2; exit 1; }; \
-	[ $$status -eq 0 ] || exit $$status; \
-	for target in $(EXTRA_TESTS); do $(MAKE) --no-print-directory $$target || exit 1; done
+	echo "test: pytest took $$((EPOCHSECONDS - start)) s"; exit "$$status"
+	@for target in $(EXTRA_TESTS); do start=$$EPOCHSECONDS; $(MAKE) --no-print-directory $$target || exit 1; \
+	  echo "test: make $$target took $$((EPOCHSECONDS - start)) s"; done

@@ -142,4 +142,17 @@ cluster-logs: ## Show every cluster container's output (all ranks, init, sshd).
 cluster-down: ## Remove the cluster's containers, network and volumes (results stay in RESULTS).
 	@$(call CLUSTER_RUN,down)
 
-TEST_PREREQS += engine
+# The container tests' images (tests/docker/conftest.py), built before make test's pytest starts: the workload image
+# in both flavours and Prometheus's, offline, under the tests' own name so that they never replace yours
+# (DDP_TEST_IMAGE_NAME, conftest's default ddp-cluster-test; exported, so that pytest under make reads the same).
+export DDP_TEST_IMAGE_NAME ?= ddp-cluster-test
+TEST_IMAGE_FLAGS = --no-print-directory BASE=local IMAGE_NAME=$(DDP_TEST_IMAGE_NAME) \
+	MONITOR_IMAGE=$(DDP_TEST_IMAGE_NAME)-prometheus:bookworm
+
+.PHONY: test-images
+# After image-cpu, which fills the wheelhouse they share (two builds must not fill it at once); the cpu image
+# first, which wraps it into the wheels image (IMAGE_NAME-wheels:cpu) that the cuda stand-in takes too.
+test-images: image-cpu ## Build the container tests' images: DDP_TEST_IMAGE_NAME :cpu, :cuda and -prometheus (offline).
+	@$(MAKE) $(TEST_IMAGE_FLAGS) image-cpu && $(MAKE) $(TEST_IMAGE_FLAGS) image-cuda monitor-image
+
+TEST_PREREQS += engine test-images

@@ -13,7 +13,9 @@ TV_VENV ?= .venv-tv
 TV_SPEC ?= torch==2.14.1 torchvision==0.29.1
 
 EXTRA_TESTS += test-torchvision
-TEST_BACKGROUND += venv-tv
+# Its venv is made before pytest starts, beside the images (made after the main run, it added its whole install;
+# beside it, it loaded the timed tests).
+TEST_PREREQS += venv-tv
 
 ##@ Training
 

@@ -1,11 +1,11 @@
 """Fixtures for the container tests: images built offline, one compose project per test.
 
-Every test here needs a Docker engine with compose v2 (`make engine` sets one up) and
-builds from the local debootstrap base (BASE=local), so no registry is needed. Images are
-tagged ddp-cluster-test:* so the tests never replace a user's ddp-cluster:* images.
+Every test here needs a Docker engine with compose v2 (`make engine` sets one up) and the images
+that `make test-images` builds from the local debootstrap base (BASE=local), so no registry is
+needed; make test builds them before pytest starts. Images are tagged ddp-cluster-test:* so the
+tests never replace a user's ddp-cluster:* images.
 """
 
-import fcntl
 import json
 import os
 import shutil
@@ -19,7 +19,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # DDP_TEST_IMAGE_NAME: another name, so that several checkouts can test on one engine side by side.
 IMAGE_NAME = os.environ.get("DDP_TEST_IMAGE_NAME", "ddp-cluster-test")
-BUILD_TIMEOUT = 1800
 JOB_TIMEOUT = 600
 
 
@@ -59,26 +58,22 @@ def engine() -> None:
             pytest.fail(f"`{' '.join(cmd)}` failed: run `make engine`\n{explain(proc)}")
 
 
-def build(flavour: str) -> str:
-    """Build IMAGE_NAME:FLAVOUR offline (cached layers make repeats fast); returns the tag. One build at a
-    time: pytest-xdist's workers each ask for the image, and the second finds it built."""
-    lock = ROOT / "build" / f"image-{flavour}.test-lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with lock.open("w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        proc = make(f"image-{flavour}", timeout=BUILD_TIMEOUT)
-    assert proc.returncode == 0, f"building the {flavour} image failed\n{explain(proc)}"
-    return f"{IMAGE_NAME}:{flavour}"
+def built(image: str, target: str = "test-images") -> str:
+    """``image``, which ``make TARGET`` builds before the tests (make test does, before pytest starts: no build
+    beside the timed tests); fails with one line where it is missing."""
+    if run(["docker", "image", "inspect", image], 60).returncode != 0:
+        pytest.fail(f"image {image} is missing: build it with `make {target}` (make test does)", pytrace=False)
+    return image
 
 
 @pytest.fixture(scope="session")
 def cpu_image(engine) -> str:
-    return build("cpu")
+    return built(f"{IMAGE_NAME}:cpu")
 
 
 @pytest.fixture(scope="session")
 def cuda_image(engine) -> str:
-    return build("cuda")
+    return built(f"{IMAGE_NAME}:cuda")
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""The workload images: built offline from the local base, safe defaults, both flavours.
+"""The workload images: built offline from the local base (``make test-images``), safe defaults, both flavours.
 
-Run: ``.venv/bin/python -m pytest tests/docker/test_images.py``.
+Run: ``make test-images && .venv/bin/python -m pytest tests/docker/test_images.py``.
 """
 
 import json

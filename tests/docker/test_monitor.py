@@ -3,7 +3,7 @@ node of a running job on the compose mini-cluster; its HTTP API, on the host's l
 rank's series with the runner's names, a restart counted after a worker container is killed, and the job's
 samples/s as rank 0 prints it. A Prometheus that cannot start is one line and the job goes on.
 
-Run: ``.venv/bin/python -m pytest tests/docker/test_monitor.py`` (about 2 minutes).
+Run: ``make test-images && .venv/bin/python -m pytest tests/docker/test_monitor.py`` (about 2 minutes).
 """
 
 import json
@@ -20,7 +20,7 @@ import pytest
 from tests.rigs.faults.drive import OUT, FaultRun, explain
 from tests.rigs.metrics.bench import free_port
 
-from .conftest import IMAGE_NAME, ROOT, make, project_leftovers, run
+from .conftest import IMAGE_NAME, ROOT, built, project_leftovers, run
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -32,11 +32,8 @@ TRAIN = ["--dataset", "digits", "--epochs", "2", "--batch-size", "16", "--checkp
 
 
 @pytest.fixture(scope="module")
-def monitor_image(cpu_image) -> str:
-    image = f"{IMAGE_NAME}-prometheus:bookworm"
-    built = make("monitor-image", f"MONITOR_IMAGE={image}", timeout=900)
-    assert built.returncode == 0, explain(built)
-    return image
+def monitor_image(engine) -> str:
+    return built(f"{IMAGE_NAME}-prometheus:bookworm")
 
 
 def query(port: int, promql: str) -> list[dict]:

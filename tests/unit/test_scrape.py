@@ -1,8 +1,8 @@
 """The renderings carry the nodes' metrics (issue 27): on Kubernetes the metrics port, the scrape annotations, a
 pod-local events file, the NetworkPolicy's rule for Prometheus and the PodMonitor (``--format podmonitor``); for
-a site's own Prometheus the scrape configuration of ``--format prometheus``, parsed and, where promtool is
-installed (Debian's prometheus package), checked by ``promtool check config``. Slurm: test_slurm.py; Ansible:
-tests/ansible.
+a site's own Prometheus the scrape configuration of ``--format prometheus``, parsed and checked by ``promtool
+check config`` (Debian's prometheus package, which ``make host-deps`` installs; without it, tests/deps.py's
+rule). Slurm: test_slurm.py; Ansible: tests/ansible.
 
     pytest tests/unit/test_scrape.py
 """
@@ -17,7 +17,7 @@ from app import contract
 from app.runtime import launcher
 from app.topology import kube, prometheus
 from app.topology.spec import Host, build
-from tests.deps import need
+from tests.deps import missing, need
 from tests.unit.cli_errors import usage_error
 from tests.unit.test_kube import VARIANTS, _documents, _pod_specs
 
@@ -163,9 +163,7 @@ def test_the_scrape_configuration_needs_the_hosts(capsys) -> None:
 def test_promtool_accepts_the_scrape_configuration(tmp_path: Path, broken: bool) -> None:
     """Prometheus's own check of a prometheus.yml that holds the entry (Debian bookworm's 2.42); the control: a
     broken entry (a label name Prometheus refuses) fails it."""
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("no promtool: apt-get install prometheus (Debian bookworm's 2.42) runs this check")
+    promtool = shutil.which("promtool") or missing("no promtool: make host-deps installs it (Debian's prometheus)")
     spec = build({"nodes": {"hosts": "node0:2,node1:2"}})
     entry = prometheus.render_scrape_config(spec, spec.nodes.hosts)
     if broken:
