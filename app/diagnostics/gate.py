@@ -26,7 +26,8 @@ The image's node entrypoint (docker/bin/ddp-node) runs it on every node before t
                  ``gate: kept out: device check 4.1 GFLOP/s against the job's 36.2 (fail below 0.5)``
 
 With --retry-every S the node kept out says so once and is judged again every S seconds, in the
-same process, until it passes (``gate: passed after 40 s kept out: ...``); ddp-node then starts
+same process, against the records as they are then (a record rewritten since counts), until it passes
+(``gate: passed after 40 s kept out: ...``); ddp-node then starts
 torchrun, whose agent joins the job's next rendezvous round (the running agents restart their
 workers with it: the world grows again). Nothing is counted against the job's restarts meanwhile.
 The cluster runner shows both lines (docs/faults.md).
@@ -336,6 +337,7 @@ def admit(cfg: GateConfig, where: Rendezvous | None, rejoining: bool = False) ->
     kept = time.monotonic()
     while judged.why is not None:
         time.sleep(cfg.retry_every)
+        start = job_figures(read_record(path) or start, read_records(cfg.records))  # the records as they are now
         judged = judge(cfg, mine, where, start, rejoining)
     waited = round(time.monotonic() - kept)
     print(passed(judged, start, f"after {waited} s kept out"), flush=True)

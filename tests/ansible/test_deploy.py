@@ -44,8 +44,11 @@ json.dump(config, sys.stdout, indent=4)
 
 
 NO_DEVICE_VERDICT = "--device-seconds 0"
-"""The checks of tests about ports and slots judge no device: on this loaded machine equal nodes read up to 2x apart
-(run24: node1's copy speed 2.0x below node0's failed the uneven-nodes job); test_measure.py judges the verdict."""
+"""The checks of these tests judge no device (the verify role's too): on this loaded machine equal nodes read up to 2x
+apart (run24: node1's copy speed 2.0x below node0's failed the uneven-nodes job); test_measure.py judges the verdict
+on a node slowed by a set factor, and tests/unit/test_health.py on recorded figures."""
+VERIFY_REPORT = "{{ cluster_spec_given.paths.results }}/{{ verify_app_check_report }}"
+"""Where the verify role's check writes its report (its default, ansible/roles/verify/defaults/main.yml)."""
 
 
 def with_spec(extravars: dict, **sections: dict) -> dict:
@@ -64,6 +67,7 @@ def deployed(node_cluster: dict, tmp_path_factory: pytest.TempPathFactory) -> di
     extravars = {"launch_fetch_dir": str(work / "runs"), "image_cache_dir": str(work / "images"),
                  "launch_ssh_key_dir": str(work / "ssh"), "image_build_command": "",
                  "cluster_config_scrape_file": str(work / "prometheus-scrape.yml"),
+                 "verify_app_check_command": f"check {NO_DEVICE_VERDICT} --json {VERIFY_REPORT}",
                  "cluster_spec": {"job": job}}  # fmt: skip
     dry = run_playbook(DEPLOY, node_cluster["inventory"], extravars, cmdline="--check")
     assert dry.status == "successful" and dry.total("failures") == 0, dry.stdout[-4000:]

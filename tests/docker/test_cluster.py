@@ -10,17 +10,16 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import asdict
 
 import pytest
 
-from app import contract, events
-from app.orchestrate import engine, runner, status
+from app import contract
+from app.orchestrate import engine, status
 from app.topology import command as topology
 from app.topology import compose
 from app.topology.spec import ClusterSpec
 
-from .conftest import ROOT, explain, project_leftovers, run
+from .conftest import IMAGE_NAME, ROOT, explain, project_leftovers, run
 
 pytestmark = pytest.mark.docker
 
@@ -48,26 +47,27 @@ while time.monotonic() < deadline:
         break
     time.sleep(0.1)
 """
-"""Run in the worker container: the head's metrics over the cluster network, read again and again until its ranks'
-series are there (the 2x2 job trains for about 2 s: a scrape started once the status shows a step came too late)."""
+"""Run in the worker container: the head's metrics over the cluster network, read until its ranks' series are there
+(the node serves them from its first exchange on; the job holds its step meanwhile)."""
+HOLD_STEP, RELEASE = 30, "/results/digits/go"
+TRAIN_2X2 = [
+    "SCRIPT=tests/rigs/faults/fault_job.py",
+    f"ARGS=--hold-at-step {HOLD_STEP} --hold-until {RELEASE} -- --dataset digits --epochs 10 --out /results/digits",
+]
+"""app train through the fault job, which holds every rank at step 30 (after the exchange of step 20) until the test
+has seen the job's live status and metrics and creates RELEASE."""
 
 
-def _statuses(project: str, stop: threading.Event) -> list[dict]:
-    """The cluster's status, again and again until ``stop``; and the head's metrics as the worker scrapes them while
-    the ranks train (``{"metrics": TEXT}``, appended), by a scraper started in the worker once its container runs."""
-    found, scraper = [], None
-    while not stop.wait(0.3):
-        try:
-            found.append(_status(project))
-        except AssertionError as failed:  # said by the test (not as a thread's warning beside an empty list)
-            return [*found, {"metrics": "", "failed": str(failed)}]
-        worker = f"{project}-worker-1"
-        if scraper is None and any(n["name"] == worker and n["container"] == "running" for n in found[-1]["nodes"]):
-            url = f"http://{project}-head-1:{contract.METRICS_PORT}/metrics"
-            scraper = subprocess.Popen(["docker", "exec", worker, "python", "-c", SCRAPER.format(url=url)],
-                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
-    scraped = scraper.communicate(timeout=180)[0] if scraper is not None else ""
-    return [*found, {"metrics": scraped}]
+def _training_status(project: str, job: subprocess.Popen, timeout: float = 600) -> dict:
+    """``cluster status`` polled while the job runs, until it shows both nodes training (the job holds its step)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert job.poll() is None, f"the job ended before cluster status showed it training: {job.communicate()}"
+        found = _status(project)
+        if found["running"] and {n["state"] for n in found["nodes"]} == {status.TRAINING}:
+            return found
+        time.sleep(0.5)
+    raise AssertionError(f"cluster status never showed both nodes training within {timeout:g} s: {found}")
 
 
 def test_check_and_training_on_2x2_then_nothing_left(cluster):
@@ -86,38 +86,38 @@ def test_check_and_training_on_2x2_then_nothing_left(cluster):
         f"{cluster.project}-{node}" for node in ("head-1",) * 2 + ("worker-1",) * 2
     ]
 
-    seen, stop = [], threading.Event()  # cluster status while the job runs: what the job's events say
-    poller = threading.Thread(target=lambda: seen.extend(_statuses(cluster.project, stop)), daemon=True)
-    poller.start()
+    train = subprocess.Popen(["make", "--no-print-directory", "BASE=local", f"IMAGE_NAME={IMAGE_NAME}", "cluster-up",
+                              f"CLUSTER={cluster.project}", f"RESULTS={cluster.results}", *TRAIN_2X2],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    head, worker = f"{cluster.project}-head-1", f"{cluster.project}-worker-1"
     try:
-        train = cluster.make("cluster-up", "JOB=train --dataset digits --epochs 10 --out /results/digits")
+        live = _training_status(cluster.project, train)  # what cluster status shows while the job trains
+        url = f"http://{head}:{contract.METRICS_PORT}/metrics"  # the head's, over the cluster network
+        scraped = run(["docker", "exec", worker, "python", "-c", SCRAPER.format(url=url)], 180)
+        released = run(["docker", "exec", head, "touch", RELEASE], 60)
+        assert released.returncode == 0, explain(released)
+        out, err = train.communicate(timeout=600)
     finally:
-        stop.set()
-        poller.join(timeout=60)
+        if train.poll() is None:
+            train.kill()
+            train.wait()
+    train = subprocess.CompletedProcess(train.args, train.returncode, out, err)
     assert train.returncode == 0, explain(train)
     assert "done: " in train.stdout, "rank 0's output was not streamed\n" + explain(train)
     summary = cluster.json("digits/summary.json")
     assert summary["world_size"] == 4 and summary["nodes"] == 2
     assert summary["params_identical"] is True
     assert summary["test_accuracy"] >= 0.85, summary
-    head, worker = f"{cluster.project}-head-1", f"{cluster.project}-worker-1"
-    assert seen and "failed" not in seen[-1], f"cluster status failed while the job ran: {seen[-1:]}"
-    metrics = seen.pop()["metrics"]  # the head's node serves its ranks' and the job's series
+    both = [(head, "training", [0, 1]), (worker, "training", [2, 3])]
+    assert [(n["name"], n["state"], n["ranks"]) for n in live["nodes"]] == both, live
+    assert (live["world_size"], live["global_batch"], live["accum_steps"]) == (4, 256, 1), live
+    assert live["samples_per_s"] > 0 and 0 < live["step"] <= HOLD_STEP, live
+    metrics = scraped.stdout  # the head's node serves its ranks' and the job's series
     labels = f'job="{cluster.project}",node="{head}"'
     assert (
         f'ddp_rank_busy_seconds{{{labels},rank="0"}} ' in metrics and f"ddp_job_world_size{{{labels}}} 4.0" in metrics
-    )
+    ), explain(scraped)
     assert f"ddp_node_training{{{labels}}} 1.0" in metrics, metrics
-    assert any(s["running"] for s in seen), seen  # the command answers while the job runs
-    # What it showed at the job's last exchange of step times, from the job's own events: the 60 steps take about 2 s
-    # after the first exchange, which a loaded machine's polls can miss (make test did, twice).
-    records, _ = events.read(compose.events_file(ROOT / runner.STATE_DIR / cluster.project))
-    last_exchange = max(i for i, r in enumerate(records) if r.get("kind") == events.EXCHANGE)
-    containers = {head: "running", worker: "running"}
-    last = asdict(status.fold(cluster.project, records[: last_exchange + 1], containers, time.time()))
-    both = [(head, "training", [0, 1]), (worker, "training", [2, 3])]
-    assert [(n["name"], n["state"], n["ranks"]) for n in last["nodes"]] == both, last
-    assert (last["world_size"], last["global_batch"], last["accum_steps"]) == (4, 256, 1) and last["samples_per_s"] > 0
     after = _status(cluster.project)
     assert after["running"] is False and after["ended_status"] == 0 and after["restarts"] == 0, after
     assert {n["state"] for n in after["nodes"]} == {"idle"}

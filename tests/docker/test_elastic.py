@@ -2,9 +2,12 @@
 test_faults.py): with --min-nodes 1 a worker container removed at step 25 leaves the job on the head,
 which resumes from its last checkpoint on 2 ranks with accumulation 2 and ends within a measured
 tolerance of an uninterrupted run, digits accuracy >= 95%; with --min-nodes 2 (= --nodes, the default)
-the same loss ends the job as before. A worker throttled (``docker update --cpus 0.05``) and killed comes
-back slow: its health gate (app gate) keeps it out with one line naming the device check and its figure,
-the job goes on with the head; healed, the worker passes its gate and rejoins: the world grows to 4 ranks.
+the same loss ends the job as before. A worker killed while the job's figures are set far above any device's comes
+back and its health gate (app gate) keeps it out with one line naming the device check and its figure, the job goes
+on with the head (which then holds its step until the world is whole: the job cannot end first); with the figures
+set within any device's reach, the worker passes its gate and rejoins: the world grows to 4 ranks. The same with a
+real CPU quota (``docker update --cpus 0.05``) judged against figures measured under load is marked noise (make
+test-noise).
 
 Run: ``DDP_TEST_IMAGE_NAME=... .venv/bin/python -m pytest tests/docker/test_elastic.py`` (a few minutes).
 """
@@ -17,7 +20,9 @@ import uuid
 
 import pytest
 
+from app import events
 from tests.rigs.faults.drive import CFS_PERIOD_US, SICK_QUOTA_US, TRAIN, FaultRun, explain
+from tests.rigs.gate_figures import KEEP_OUT, LET_IN
 
 from .conftest import project_leftovers, run
 
@@ -125,7 +130,55 @@ def _gate_line(job: FaultRun, proc, node: str, timeout: float = 300) -> str:
     raise AssertionError(f"no gate line from {node} within {timeout}s:\n{found[-3000:]}")
 
 
+HOLD_HOOKS = [*HOOKS, "--hold-below-world", "4", "--hold-after", "3"]
+"""After the worker's loss the head trains 3 steps at 2 ranks x accum 2, then holds that step until its agent stops
+its ranks for the world that grows again (the worker back): no window of time to fit the gate's verdicts in."""
+
+
+def _kept_out_then_back(job: FaultRun, done, worker: str) -> None:
+    """The worker's gate kept it out, then let it in; the world grew back to 4 ranks with no step lost and no restart
+    counted; the job ended at digits accuracy >= 95 %."""
+    kept = KEPT_OUT.search(done.stdout)
+    assert kept and kept["node"] == worker, explain(done)
+    back = re.search(
+        rf"^cluster: node {worker} passed its gate after \d+ s kept out: .*next rendezvous round$", done.stdout, re.M
+    )
+    assert back and back.start() > kept.start(), explain(done)
+    assert f"restart 2: {worker}" not in done.stdout, explain(done)  # the gate's wait is no restart
+    resizes = [(m["from"], m["to"]) for m in job.metrics() if m["event"] == "resize"]
+    assert resizes == [(4, 2), (2, 4)], resizes
+    grow = [m for m in job.metrics() if m["event"] == "resume"][-1]  # the agents stop their ranks: SIGTERM
+    assert grow["lost"] == 0 and grow["checkpoint"].endswith("/emergency.pt"), grow  # the step in flight kept
+    summary = job.summary()
+    assert summary["world_size"] == 4 and summary["test_accuracy"] >= 0.95, summary
+
+
+def _gate(node: str, verdict: str):
+    return lambda r: r["kind"] == events.GATE and r["node"] == node and r["verdict"] == verdict
+
+
+def test_a_worker_kept_out_by_its_gate_rejoins_once_it_passes_and_the_world_grows(fault_run):
+    proc = fault_run.start(HOLD_HOOKS, "--min-nodes", "1", train=THREE_EPOCHS)
+    fault_run.marker(proc)
+    worker = fault_run.container("worker")
+    fault_run.set_gate_figures(KEEP_OUT)  # the job's figures: no device reaches them
+    fault_run.engine.containers.get(worker).kill()
+    kept_out = fault_run.wait_event(proc, f"{worker}'s gate keeping it out", _gate(worker, events.KEPT_OUT))
+    fault_run.wait_event(proc, "the head holding its step at 2 ranks", lambda r: r["kind"] == events.RESIZE)
+    fault_run.set_gate_figures(LET_IN)  # every device reaches them: its next judgment passes
+    done = fault_run.finish(proc)
+    assert done.returncode == 0, explain(done)
+
+    assert re.fullmatch(r"device check [\d.]+ GFLOP/s against the job's 1000000000\.0 \(fail below 0\.5\)",
+                        kept_out["detail"]), kept_out  # fmt: skip
+    _kept_out_then_back(fault_run, done, worker)
+    assert fault_run.summary()["step"] == FINAL_STEP
+
+
+@pytest.mark.noise
 def test_a_worker_that_comes_back_slow_is_kept_out_then_healed_rejoins_and_the_world_grows(fault_run):
+    """Marked noise (make test-noise): a real CPU quota (a twentieth of a core) against the job's figures measured at
+    its start under whatever load the machine had then; at a tenth of a core CI's gate let the worker in."""
     proc = fault_run.start(GATE_HOOKS, "--min-nodes", "1", train=GATE_TRAIN)
     fault_run.marker(proc)
     worker = fault_run.container("worker")
@@ -140,19 +193,7 @@ def test_a_worker_that_comes_back_slow_is_kept_out_then_healed_rejoins_and_the_w
     done = fault_run.finish(proc)
     assert done.returncode == 0, explain(done)
 
-    kept = KEPT_OUT.search(done.stdout)
-    assert kept and kept["node"] == worker, explain(done)
-    back = re.search(
-        rf"^cluster: node {worker} passed its gate after \d+ s kept out: .*next rendezvous round$", done.stdout, re.M
-    )
-    assert back and back.start() > kept.start(), explain(done)
-    assert f"restart 2: {worker}" not in done.stdout, explain(done)  # the gate's wait is no restart
-    resizes = [(m["from"], m["to"]) for m in fault_run.metrics() if m["event"] == "resize"]
-    assert resizes == [(4, 2), (2, 4)], resizes
-    grow = [m for m in fault_run.metrics() if m["event"] == "resume"][-1]  # the agents stop their ranks: SIGTERM
-    assert grow["lost"] == 0 and grow["checkpoint"].endswith("/emergency.pt"), grow  # the step in flight kept
-    summary = fault_run.summary()
-    assert summary["world_size"] == 4 and summary["test_accuracy"] >= 0.95, summary
+    _kept_out_then_back(fault_run, done, worker)
     grown = [m for m in fault_run.metrics() if m["event"] == "start"][-1]
     print(
         "gate:",

@@ -22,6 +22,7 @@ import uuid
 import pytest
 import torch
 
+from app import events
 from app.topology.compose import STOP_GRACE_S  # the nodes stop within it once the store is gone
 from tests.rigs.faults.drive import COLLECTIVE_TIMEOUT, FINAL_STEP, OUT, FaultRun, explain
 
@@ -88,12 +89,12 @@ def restart_line(job: FaultRun, stdout: str) -> tuple[str, re.Match]:
 
 
 def recovers(job: FaultRun, reference: dict, fault) -> str:
-    """Run the job, call ``fault(marker)`` at the fault step; the job must end 0 with the reference's state and
-    resume from the emergency snapshot of the step it had reached: no step lost. Returns the restart line."""
+    """Run the job, call ``fault(marker, the job's process)`` at the fault step; the job must end 0 with the reference's
+    state and resume from the emergency snapshot of the step it had reached: no step lost. Returns the restart line."""
     proc = job.start(HOOKS)
     marker = job.marker(proc)
     assert (marker["step"], marker["rank"]) == (FAULT_STEP, 3)
-    fault(marker)
+    fault(marker, proc)
     done = job.finish(proc)
     assert done.returncode == 0, explain(done)
     line, _ = restart_line(job, done.stdout)
@@ -105,7 +106,7 @@ def recovers(job: FaultRun, reference: dict, fault) -> str:
 def test_a_killed_training_process_is_restarted_and_the_job_ends_as_if_nothing_happened(fault_run, reference):
     worker = fault_run.container("worker")
 
-    def kill_rank_3(marker: dict) -> None:
+    def kill_rank_3(marker: dict, _proc) -> None:
         assert fault_run.engine.containers.get(worker).exec_run(["kill", "-9", str(marker["pid"])]).exit_code == 0
 
     line = recovers(fault_run, reference, kill_rank_3)
@@ -114,18 +115,20 @@ def test_a_killed_training_process_is_restarted_and_the_job_ends_as_if_nothing_h
 
 def test_a_killed_worker_container_is_started_again_and_the_job_ends_as_if_nothing_happened(fault_run, reference):
     worker = fault_run.container("worker")
-    line = recovers(fault_run, reference, lambda _: fault_run.engine.containers.get(worker).kill())
+    line = recovers(fault_run, reference, lambda *_: fault_run.engine.containers.get(worker).kill())
     assert line.startswith(f"cluster: restart 1: {worker} (ranks 2-3) stopped with signal 9 (SIGKILL); "), line
 
 
 def test_a_paused_worker_is_named_and_after_unpause_the_job_resumes(fault_run, reference):
     worker = fault_run.container("worker")
 
-    def pause_past_the_timeout(_marker: dict) -> None:
-        paused = fault_run.engine.containers.get(worker)
+    def pause_past_the_timeout(_marker: dict, proc) -> None:
+        paused, head = fault_run.engine.containers.get(worker), fault_run.container("head")
         paused.pause()
-        try:
-            time.sleep(COLLECTIVE_TIMEOUT + 10)  # the head's ranks time out, name the silent ones, and restart
+        try:  # until the head's ranks timed out and named the silent ones (their error), not for a time
+            fault_run.wait_event(
+                proc, "the head's ranks' error", lambda r: r["kind"] == events.ERROR and r["node"] == head
+            )
         finally:
             paused.unpause()
 
@@ -145,7 +148,7 @@ def test_a_killed_head_is_started_again_and_the_job_ends_as_if_nothing_happened(
     """Rank 0's node is a worker like any other: the rendezvous lives in a store container of its own, where the
     survivors hold their roll call once rank 0's store is gone with the head, and keep the step."""
     head = fault_run.container("head")
-    line = recovers(fault_run, reference, lambda _: fault_run.engine.containers.get(head).kill())
+    line = recovers(fault_run, reference, lambda *_: fault_run.engine.containers.get(head).kill())
     assert line.startswith(f"cluster: restart 1: {head} (ranks 0-1) stopped with signal 9 (SIGKILL); "), line
     [resumed] = [r for r in fault_run.metrics() if r.get("event") == "resume"]  # the restarted head's agent counts
     assert resumed["restart_count"] == 1, resumed  # from 0: the record says what the terminal says (issue 25)

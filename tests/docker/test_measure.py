@@ -6,10 +6,10 @@ dropped) and throttles its interface to 20 Mbit/s with tc; the report must name 
 and only it. The same run without a throttle names none: marked noise (make test-noise), as its verdict rests
 on this machine's noise (tests/unit/golden/links holds the rule to recorded runs).
 
-The proof that ``app check`` finds a slow node: on the default cluster (2 nodes x 2 ranks) the
-worker container's CPU is limited with ``docker update --cpus 0.1`` once its health gate has spoken; the worker
-must be named as a node, and only it, and the check fails. At a third of a CPU (three runs) and
-without a limit the verdicts rest on this machine's load: marked noise (make test-noise).
+The proof that ``app check`` finds a slow node: on the default cluster (2 nodes x 2 ranks) the worker's ranks measure
+their devices at a tenth of their speed (tests/integration/measure_worker.py's --slow-device); the worker must be
+named as a node, and only it, and the check fails. With a real CPU limit (``docker update --cpus`` 0.1 and 0.33) and
+without one the verdicts rest on this machine's load: marked noise (make test-noise).
 
 Run: ``DDP_TEST_IMAGE_NAME=... .venv/bin/python -m pytest tests/docker/test_measure.py``.
 """
@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from .conftest import IMAGE_NAME, ROOT, explain, make, run
+from .conftest import IMAGE_NAME, ROOT, built, explain, run
 
 pytestmark = pytest.mark.docker
 
@@ -37,9 +37,7 @@ TBF = ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "200mbit", "b
 
 @pytest.fixture(scope="module")
 def throttle_image(engine) -> str:
-    done = make("ansible-node-image", timeout=1800)
-    assert done.returncode == 0, explain(done)
-    return THROTTLE_IMAGE
+    return built(THROTTLE_IMAGE, "ansible-node-image")
 
 
 def _running_head(project: str, timeout: float = 120, service: str = "head") -> str:
@@ -84,17 +82,26 @@ def test_links_on_an_undisturbed_cluster_names_nothing(cluster) -> None:
     assert "verdict: no slow node or link" in clean.stdout
 
 
+AFTER_JOB = "tests/docker/jobs/app_after.py"
+READY = "/results/links-ready"
+"""The ranks of AFTER_JOB wait for this file: the test creates it once the head's link is shaped."""
+LINKS_JOB = f"links --json /results/links/links.json --plot /results/links/links.png {LINKS_ARGS.split('=', 1)[1]}"
+
+
 def test_links_names_the_throttled_container_and_only_it(cluster, throttle_image) -> None:
-    """The head container's interface throttled from a container of the test's own (20x below its peers' links):
-    the head is named as the node that sends slowly, and nothing else."""
+    """The head container's interface throttled from a container of the test's own (20x below its peers' links)
+    before the measurement starts: the head is named as the node that sends slowly, and nothing else."""
     head, workers = f"{cluster.project}-head-1", [f"{cluster.project}-worker-{i}" for i in (1, 2)]
 
     def throttle(head_id: str) -> None:
         netns = ["--network", f"container:{head_id}", "--cap-add", "NET_ADMIN"]
         tc = run(["docker", "run", "--rm", *netns, throttle_image, *TBF], 120)
         assert tc.returncode == 0, explain(tc)
+        ready = run(["docker", "exec", head_id, "touch", READY], 60)
+        assert ready.returncode == 0, explain(ready)
 
-    throttled = _with_running(cluster, ["cluster-links", "NODES=3", "NPROC_PER_NODE=1", LINKS_ARGS], throttle)
+    job = ["cluster-up", "NODES=3", "NPROC_PER_NODE=1", f"SCRIPT={AFTER_JOB}", f"ARGS={READY} {LINKS_JOB}"]
+    throttled = _with_running(cluster, job, throttle)
     assert throttled.returncode != 0, explain(throttled)  # --fail-below 0.1 is crossed
     report = cluster.json("links/links.json")
     assert report["nodes"] == [head, *workers], "every node is named as docker ps names its container"
@@ -231,7 +238,20 @@ def _assert_worker_named(cluster, limited: subprocess.CompletedProcess) -> None:
     assert limited.returncode != 0 and "device_health on rank 2, 3: slow node " in limited.stderr, explain(limited)
 
 
+SLOW_DEVICE_JOB = ["MAX_RESTARTS=0", "SCRIPT=tests/integration/measure_worker.py",
+                   "ARGS=--slow-device 2,3 check --json /results/check.json"]  # fmt: skip
+"""The check with the worker's ranks (2, 3) doing each matrix product and copy 10 times while counting it once: its
+devices read at a tenth of their speed, whatever the machine's load (measure_worker.py)."""
+
+
+def test_check_names_the_node_with_slow_devices_and_only_it(cluster) -> None:
+    _assert_worker_named(cluster, cluster.make("cluster-up", *SLOW_DEVICE_JOB))
+
+
+@pytest.mark.noise
 def test_check_names_the_cpu_limited_node_and_only_it(cluster) -> None:
+    """Marked noise (make test-noise): a real CPU quota (a tenth of a core) against the head's figures measured beside
+    whatever else the machine runs."""
     _assert_worker_named(cluster, _limited_check(cluster, WORKER_LIMIT))
 
 

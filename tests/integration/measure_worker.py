@@ -9,7 +9,7 @@
     links`` sees several nodes on one machine.
 --slow-sender R --delay S: rank R sleeps S seconds before each bandwidth transfer it sends, so its
     outgoing links are slow and the verdict must name it.
---slow-device R: rank R's device-health measurement (``app check``) does each matrix product
+--slow-device R[,R...]: each such rank's device-health measurement (``app check``) does each matrix product
     and copy SLOW_DEVICE_FACTOR (10) times while counting it once, so its device reads at a tenth of its
     speed: far below the third (health.CPU_RANK_FLOOR) that a CPU rank must be under, whatever the noise.
 --report-written PATH: a rank other than 0, once its command returned (it left the process group), exits 7 with
@@ -91,7 +91,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--ranks-per-host", type=int)
     parser.add_argument("--slow-sender", type=int)
     parser.add_argument("--delay", type=float, default=0.05)
-    parser.add_argument("--slow-device", type=int)
+    parser.add_argument("--slow-device", type=lambda text: {int(r) for r in text.split(",")}, default=set())
     parser.add_argument("--report-written")
     parser.add_argument("--one-core", action="store_true")
     args, rest = parser.parse_known_args(argv)
@@ -104,7 +104,7 @@ def main(argv: list[str]) -> int:
         _pose_as_hosts(args.ranks_per_host)
     if args.slow_sender == rank:
         _slow_sender(args.delay)
-    if args.slow_device == rank:
+    if rank in args.slow_device:
         _slow_device()
     status = cli.main(rest)
     if args.report_written and rank != 0 and not os.path.exists(args.report_written):

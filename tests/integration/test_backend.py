@@ -76,4 +76,4 @@ def test_nccl_with_more_local_ranks_than_gpus_is_one_line_at_once() -> None:
         in e["cause"]
         for e in errors
     )
-    assert seconds < TIMEOUT_S / 5, f"{seconds:.0f} s: it waited for the rendezvous timeout"
+    assert seconds < TIMEOUT_S, f"{seconds:.0f} s: it waited for the rendezvous timeout (--timeout {TIMEOUT_S})"

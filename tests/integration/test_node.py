@@ -236,7 +236,7 @@ def test_an_elastic_job_starts_with_a_node_that_comes_seconds_after_the_first(tm
 
 
 def test_an_exception_of_a_script_is_reported_as_torchrun_reports_it(tmp_path: Path) -> None:
-    done = run_node(tmp_path, [*TWO_RANKS, str(NODE_JOB), "--raise-on-rank", "1"])
+    done = run_node(tmp_path, [*TWO_RANKS, str(NODE_JOB), "--raise-on-rank", "1", str(tmp_path)])
     assert done.returncode == 1, done.stderr[-3000:]
     assert "Traceback (most recent call last):" in done.stderr and "RuntimeError: boom on rank 1" in done.stderr
     assert "Root Cause (first observed failure):" in done.stderr  # torchrun's report, as torchrun prints it
@@ -281,13 +281,11 @@ def test_sigterm_to_the_node_stops_its_ranks_at_a_step_they_keep(tmp_path: Path,
     ],
 )
 def test_bad_torchrun_arguments_are_one_line_and_exit_2_at_once(tmp_path: Path, words: list[str], said: str) -> None:
-    began = time.monotonic()
     done = run_node(tmp_path, words)
     assert done.returncode == 2, done.stderr[-3000:]
     line = one_error_line(done.stderr)
     assert line["cause"].startswith(said), line["cause"]
-    assert time.monotonic() - began < 30
-    assert not (tmp_path / "gate").exists()  # refused before the gate recorded anything
+    assert not (tmp_path / "gate").exists()  # at once: refused before the gate measured or recorded anything
 
 
 def test_a_node_the_gate_keeps_out_starts_no_rank_and_exits_3_with_one_line(tmp_path: Path) -> None:
@@ -312,7 +310,7 @@ def test_a_failure_that_repeats_stops_the_restarts_after_the_second_attempt_and_
     agent gave up."""
     events_file = tmp_path / "events.jsonl"
     env = _clean_env() | {"DDP_CLUSTER_EVENTS_FILE": str(events_file)}
-    words = ["--standalone", "--nproc-per-node", "2", "--max-restarts", "3", str(NODE_JOB), "--raise-on-rank", "1"]
+    words = [*TWO_RANKS, "--max-restarts", "3", str(NODE_JOB), "--raise-on-rank", "1", str(tmp_path)]
     done = run_node(tmp_path, words, env=env)
     assert done.returncode == 1, done.stderr[-3000:]
     records, _ = events.read(events_file)
@@ -326,9 +324,9 @@ def test_a_failure_that_repeats_stops_the_restarts_after_the_second_attempt_and_
     assert all(e["time"] <= f["time"] for e, f in zip(ended, failed, strict=True)), records
     [gave_up] = [r for r in records if r["kind"] == events.GAVE_UP]
     assert (gave_up["rank"], gave_up["reason"], gave_up["attempts"]) == (1, events.REPEATED, 2), gave_up
-    # The attempts are counted by the records above; rank 0 reports at most once an attempt (under load the agent
-    # may stop it before it printed, when rank 1 failed first: [0] in a fresh-clone make test), never 4 times.
-    assert {r["rank"] for r in reports(done)} <= {0} and len(reports(done)) <= 2, done.stdout
+    # Rank 1 raises once rank 0 has reported (node_job.py): rank 0 reports once in each of the two attempts, rank 1
+    # never, and no third attempt starts.
+    assert [r["rank"] for r in reports(done)] == [0, 0], done.stdout
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple], float]:

@@ -18,6 +18,7 @@ from app import events, evict
 from tests.integration.launchers import _clean_env
 from tests.integration.test_node import FAULT_JOB, node_command, store_server, this_machines_address
 from tests.integration.train_runs import TIMEOUT, synthetic
+from tests.rigs.gate_figures import KEEP_OUT, LET_IN, set_figures
 
 pytestmark = pytest.mark.integration
 
@@ -28,10 +29,10 @@ TRAIN = ["--train-samples", "7680", "--test-samples", "48", "--epochs", "1", "--
 TRAIN += ["--accum-steps", "2", "--exchange-every", "2", "--checkpoint-every", "40", "--resume", "auto"]
 """Global batch 48 (3 ranks x 8 x 2; on 2 ranks: accumulation 3): 160 steps (time for the evicted node's wait)."""
 FINAL_STEP = 160
-RETRY_S = 10
-"""The evicted node's wait before its gate: the others form their round without it first. At 5 s a loaded make test
-(run24) saw the node back before the others' next round, which then had all 3 nodes (no resize to 2: the test
-failed); at 15 s the job of 120 steps had ended before it came back."""
+RETRY_S = 2
+"""The evicted node's wait before its gate, then between its gate's judgments. Nothing races it: the gate keeps the
+node out until the test has seen the others' round without it (the job's figures set beyond any device), and the
+others hold their step until it is back (the world whole again)."""
 
 
 def in_namespace(host: str, hosts_file: Path, cmd: list[str]) -> list[str]:
@@ -51,12 +52,14 @@ def test_a_slow_node_evicts_itself_the_others_go_on_at_the_same_global_batch_and
     tmp_path: Path,
 ) -> None:
     """No restart allowed (--max-restarts 0): the others' round without the evicted node is no failure's restart,
-    and its return is a new member's round. evict-c is slow from the start, 10x the others; the test heals it once
-    rank 0 wrote its eviction."""
+    and its return is a new member's round. evict-c is slow from the start, 10x the others; its gate keeps it out
+    (the job's figures set beyond any device) until the others went on without it; the test then heals it."""
     out, slow_while, events_file = tmp_path / "out", tmp_path / "slow", tmp_path / "events"
+    records, go = tmp_path / "gate", tmp_path / "go"
     slow_while.touch()  # evict-c sleeps 400 ms a step until the test removes this file
     hooks = [str(FAULT_JOB), "--pace-ms", "40", "--sleep-host", SLOW, "--sleep-while", str(slow_while),
-             "--sleep-ms", "400", "--"]  # fmt: skip
+             "--sleep-ms", "400", "--hold-at-step", "1", "--hold-until", str(go),
+             "--hold-below-world", "3", "--hold-after", "4", "--"]  # fmt: skip
     job = [*hooks, *synthetic(out, *TRAIN)]
     env = _clean_env({"GLOO_SOCKET_IFNAME": "lo",
                       "DDP_CLUSTER_EVENTS_FILE": str(events_file)})  # fmt: skip
@@ -65,7 +68,7 @@ def test_a_slow_node_evicts_itself_the_others_go_on_at_the_same_global_batch_and
         c10d = ["--nnodes=2:3", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={address}:{port}",
                 "--rdzv-id=evict", "--max-restarts=0", "--monitor-interval=0.5", f"--local-addr={address}",
                 "--rdzv-conf=join_timeout=60,last_call_timeout=2"]  # fmt: skip
-        cmd = node_command(tmp_path / host, [*c10d, *job], *POLICY, "--records", str(tmp_path / "gate"),
+        cmd = node_command(tmp_path / host, [*c10d, *job], *POLICY, "--records", str(records),
                            "--retry-every", str(RETRY_S))  # fmt: skip
         with open(tmp_path / f"{host}.out", "w") as out_file, open(tmp_path / f"{host}.err", "w") as err_file:
             return subprocess.Popen(in_namespace(host, hosts_file, cmd), env=env, stdout=out_file, stderr=err_file,
@@ -79,14 +82,29 @@ def test_a_slow_node_evicts_itself_the_others_go_on_at_the_same_global_batch_and
     hosts_file.write_text("127.0.0.1 localhost\n" + "".join(f"{address} {host}\n" for host in NODES))
     with store_server() as port:
         nodes = {host: start(port, host) for host in NODES}
-        try:
-            evicted, deadline = None, time.monotonic() + TIMEOUT
-            while evicted is None and time.monotonic() < deadline:
+
+        def until(what: str, found):
+            """``found(the job's events)`` once it is something (the nodes hold their step meanwhile)."""
+            deadline = time.monotonic() + TIMEOUT
+            while time.monotonic() < deadline:
                 assert all(proc.poll() is None for proc in nodes.values()), said()
-                found = [r for r in events.read(events_file)[0] if r["kind"] == events.EVICTED]
-                evicted = found[0] if found else None
+                if result := found(events.read(events_file)[0]):
+                    return result
                 time.sleep(0.1)
+            raise AssertionError(f"no event within {TIMEOUT} s: {what}\n{said()}")
+
+        def first(kind: str, **fields):
+            return lambda found: next((r for r in found if r["kind"] == kind and fields.items() <= r.items()), None)
+
+        try:
+            until("every node's record", lambda found: sum(r.get("verdict") == events.RECORDED for r in found) == 3)
+            set_figures(records, KEEP_OUT)  # then the job starts (held at step 1 until now)
+            go.touch()
+            evicted = until(f"{SLOW}'s eviction", first(events.EVICTED))
+            until(f"{SLOW} kept out", first(events.GATE, node=SLOW, verdict=events.KEPT_OUT))
+            until("the others' round without it", first(events.RESIZE, to=2))
             slow_while.unlink()  # healed: its gate passes, and it rejoins
+            set_figures(records, LET_IN)
             for proc in nodes.values():
                 proc.wait(timeout=TIMEOUT)
         finally:

@@ -41,7 +41,10 @@ def test_one_process_measures_one_two_and_four_ranks(tmp_path) -> None:
     assert one["buckets"] == 0 and one["comm_ms"] == 0  # one rank trains without DDP: nothing to send
     assert two["buckets"] == four["buckets"] == 1 and two["comm_ms"] > 0
     assert all(p["step_ms"] > 0 and p["compute_ms"] > 0 for p in v["points"])
-    assert v["fit"]["error"] is None and v["fit"]["t1_ms"] > 0
+    # The fit of real step times taken beside other work may not exist (its error says why, in one line); the law's
+    # fit is judged on set figures in tests/unit/test_scaling.py
+    fit = v["fit"]
+    assert (fit["error"] is None and fit["t1_ms"] > 0) or fit["error"].startswith("no positive compute time fits"), fit
     assert done.stdout.count("scale: mlp on synthetic") == 1  # rank 0 alone prints
     assert "law T_N = T_1/N + T_comm(N)" in done.stdout
 

@@ -7,6 +7,10 @@ marker, act on a container, and read what came back. Used by tests/docker/test_f
     marker = run.marker(proc)              # the step was reached: act now
     run.engine.containers.get(run.container("worker")).kill()  # the engine's objects, from the Docker SDK
     done = run.finish(proc)                # exit status and output of `python -m app cluster up`
+
+A test's causes, which no load can shrink: ``set_gate_figures`` sets the job's figures that every node's gate
+judges against (far above any real figure: kept out; far below: passes), ``touch`` releases the fault job's
+``--hold-until`` file, and ``wait_event`` waits for a fact of the job's events, never for a window of time.
 """
 
 import functools
@@ -22,9 +26,11 @@ import docker
 import torch
 
 from app import events
+from app.diagnostics.gate_config import GateConfig
 from app.orchestrate import engine as docker_engine
 from app.orchestrate import runner
 from app.topology import compose
+from tests.rigs import gate_figures
 
 ROOT = Path(__file__).resolve().parents[3]
 JOB = "tests/rigs/faults/fault_job.py"
@@ -46,6 +52,8 @@ TRAIN = [
 ]  # fmt: skip
 """app train's flags: 23 steps per epoch on 4 ranks, 46 in all; checkpoints at 10, 20, 23, 30, 40, 46."""
 FINAL_STEP = 46
+GATE_RECORDS = str(GateConfig().records)
+"""Where every node's gate records its figures at the job's start (the results volume, shared by the nodes)."""
 
 
 @dataclass
@@ -90,6 +98,33 @@ class FaultRun:
             assert proc.poll() is None, f"the job ended before its fault step:\n{self.finish(proc)}"
             time.sleep(0.5)
         raise AssertionError(f"no marker {MARKER} within {timeout}s")
+
+    def in_head(self, *cmd: str) -> str:
+        """Run ``cmd`` in the head container (as its user); its output; an error unless it exits 0."""
+        done = self.engine.containers.get(self.container("head")).exec_run(list(cmd))
+        assert done.exit_code == 0, f"{cmd} in the head: exit {done.exit_code}: {done.output.decode(errors='replace')}"
+        return done.output.decode(errors="replace")
+
+    def set_gate_figures(self, value: float) -> None:
+        """Every node's record of its figures at the job's start set to ``value`` (gate_figures.KEEP_OUT, LET_IN):
+        the job's figures that each gate judges against from its next judgment on."""
+        self.in_head("python", "-c", gate_figures.SET_FIGURES, GATE_RECORDS, repr(value))
+
+    def touch(self, path: str) -> None:
+        """Create ``path`` in the results volume (what a fault job's --hold-until or --sleep-while waits on)."""
+        self.in_head("touch", path)
+
+    def wait_event(self, proc: subprocess.Popen, what: str, match, timeout: float = 600) -> dict:
+        """The first of the job's events for which ``match(record)`` is true, once written; the job must run on
+        until then (``timeout`` bounds a test whose job hangs: the verdict is the event, not the time)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [record for record in self.events() if match(record)]
+            if found:
+                return found[0]
+            assert proc.poll() is None, f"the job ended before {what}:\n{explain(self.finish(proc))}"
+            time.sleep(0.5)
+        raise AssertionError(f"no event within {timeout:g} s: {what}")
 
     def finish(self, proc: subprocess.Popen, timeout: float = 600) -> subprocess.CompletedProcess:
         out, err = proc.communicate(timeout=timeout)

@@ -23,6 +23,11 @@ host named H sleeps instead, only while the file --sleep-while names exists (a s
 test removes it); --pace-ms: every rank sleeps that long per step (a job slow enough to act on);
 --first-steps FILE gets one
 JSON line per process with its first completed step and the time (``make bench-faults``).
+Holds (every rank waits at a step boundary, inside no collective, so that no timeout runs; at most HOLD_S):
+  --hold-at-step S --hold-until FILE: at step S, until FILE exists (a test acts on a job at a known step, then
+    lets it go on: the job cannot end before the test has seen what it waits for)
+  --hold-below-world N --hold-after K: once this process ran K steps with fewer than N ranks, until its launcher
+    stops it (SIGTERM, at that step boundary: the step kept), as when a node joins and the world grows again
 """
 
 import argparse
@@ -36,6 +41,9 @@ from pathlib import Path
 
 from app import cli
 from app.train import main as train_main
+
+HOLD_S = 600.0
+"""The longest a hold waits: a test that never releases its job fails on its own timeout, not this one."""
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -56,6 +64,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--pace-ms", type=float, default=0)
     parser.add_argument("--sleep-while", type=Path)
     parser.add_argument("--first-steps", type=Path)
+    parser.add_argument("--hold-at-step", type=int, default=0)
+    parser.add_argument("--hold-until", type=Path)
+    parser.add_argument("--hold-below-world", type=int, default=0)
+    parser.add_argument("--hold-after", type=int, default=0)
     return parser.parse_args(hooks), train_args
 
 
@@ -76,11 +88,27 @@ def fill(folder: Path, leave: int) -> None:
             handle.flush()
 
 
+def hold(trainer, until) -> None:
+    """Wait at this step boundary until ``until()`` or SIGTERM (``Stopped`` raised here, as at any boundary: the
+    trainer keeps the step), at most HOLD_S."""
+    deadline = time.monotonic() + HOLD_S
+    while not until() and time.monotonic() < deadline:
+        if trainer.stop is not None:
+            trainer.stop.check()
+        time.sleep(0.1)
+
+
 def fault_hook(opts: argparse.Namespace):
     armed = opts.marker is not None and not opts.marker.exists()
-    state = {"slow": False, "first": True}
+    state = {"slow": False, "first": True, "below": 0}
 
     def hook(trainer, step: int) -> None:
+        if opts.hold_until and step == opts.hold_at_step:
+            hold(trainer, opts.hold_until.exists)
+        if opts.hold_below_world and trainer.ctx.proc.world_size < opts.hold_below_world:
+            state["below"] += 1
+            if state["below"] >= opts.hold_after:
+                hold(trainer, lambda: False)
         if state["first"] and opts.first_steps:
             state["first"] = False
             line = {"rank": trainer.rank, "restart": trainer.ctx.proc.restart_count, "step": step, "time": time.time()}
