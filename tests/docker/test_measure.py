@@ -40,9 +40,10 @@ def throttle_image(engine) -> str:
     return built(THROTTLE_IMAGE, "ansible-node-image")
 
 
-def _running_head(project: str, timeout: float = 120, service: str = "head") -> str:
+def _running_head(project: str, job: subprocess.Popen, service: str = "head", timeout: float = 600) -> str:
     """The id of the head container (or ``service``'s), as soon as it runs (before its job starts: the rendezvous
-    and torch take seconds)."""
+    and torch take seconds); ``job``, the make that starts it, must still run meanwhile (``timeout`` only bounds a
+    hung one: a busy machine took more than 120 s to get there)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         labels = [f"label=com.docker.compose.project={project}", f"label=com.docker.compose.service={service}"]
@@ -50,6 +51,7 @@ def _running_head(project: str, timeout: float = 120, service: str = "head") -> 
         found = run(["docker", "ps", "-q", *filters], 30).stdout.split()
         if found:
             return found[0]
+        assert job.poll() is None, f"the job ended before the {service} container of {project} ran: {job.communicate()}"
         time.sleep(0.2)
     raise AssertionError(f"the {service} container of {project} did not start within {timeout:g}s")
 
@@ -60,7 +62,7 @@ def _with_running(cluster, make_args: list[str], action, service: str = "head") 
     cmd += [f"CLUSTER={cluster.project}", f"RESULTS={cluster.results}"]
     job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        action(_running_head(cluster.project, service=service))
+        action(_running_head(cluster.project, job, service=service))
         out, err = job.communicate(timeout=600)
     finally:
         if job.poll() is None:
@@ -125,7 +127,7 @@ def _throttled_links(cluster, rate_mbit: int) -> dict:
     cmd += [f"CLUSTER={cluster.project}", f"RESULTS={cluster.results}", "NODES=3", "NPROC_PER_NODE=1", HALF_ARGS]
     job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        head = _running_head(cluster.project)
+        head = _running_head(cluster.project, job)
         netns = ["--network", f"container:{head}", "--cap-add", "NET_ADMIN"]
         tbf = ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", f"{rate_mbit}mbit", "burst", "1mb"]
         tc = run(["docker", "run", "--rm", *netns, THROTTLE_IMAGE, *tbf, "latency", "400ms"], 120)
