@@ -120,12 +120,16 @@ XFAIL_SLOW = {
     "worker-at-0.25-cpu-from-13-loaded-1.jsonl": QUARTER,
     "worker-at-0.25-cpu-from-11-loaded-2.jsonl": QUARTER,
     "worker-at-0.25-cpu-from-14-loaded-3.jsonl": QUARTER,
+    "worker-at-0.25-cpu-from-14-loops-1.jsonl": QUARTER,
 }
-"""Slow recordings whose verdict today is wrong."""
+"""Slow recordings whose verdict today is wrong: every one at a quarter of a CPU but the quiet one (evicted late)."""
 EVICTED_AT = {
     "worker-at-0.1-cpu-from-11-loaded-1.jsonl": (26, 3.8),
     "worker-at-0.1-cpu-from-10-loaded-2.jsonl": (31, 5.1),
     "worker-at-0.1-cpu-from-11-loaded-3.jsonl": (17, 6.0),
+    "worker-at-0.1-cpu-from-11-quiet-1.jsonl": (14, 6.5),
+    "worker-at-0.1-cpu-from-13-loops-1.jsonl": (22, 7.8),
+    "worker-at-0.25-cpu-from-11-quiet-1.jsonl": (61, 3.7),  # 50 exchanges (200 steps) after its throttle
 }
 """The exchange at which the rule evicts the throttled node of each recording (0-based, as the throttle's), and the
 factor its line says (the median of its slow exchanges' busy time over the others' median)."""
@@ -188,8 +192,9 @@ def test_a_recorded_worker_at_a_tenth_of_a_cpu_is_evicted_after_its_throttle_and
 def test_a_recorded_worker_at_a_quarter_of_a_cpu_is_evicted_after_its_throttle(name: str) -> None:
     node, at = throttled(name)
     said = replay(name)
-    assert said and isinstance(said[0][1], evict.Eviction) and said[0][1].node == node, said
-    assert said[0][0] > at, said
+    assert said and all(isinstance(v, evict.Eviction) and v.node == node for _, v in said), said
+    index, first = said[0]
+    assert (index, round(first.factor, 1)) == EVICTED_AT[name] and index > at, (index, first.factor, at)
 
 
 def test_today_a_loaded_undisturbed_run_evicts_its_head_and_a_worker_at_a_quarter_of_a_cpu_stays() -> None:
