@@ -179,22 +179,25 @@ def test_a_recorded_undisturbed_run_evicts_nobody(name: str) -> None:
 
 @pytest.mark.parametrize("name", recorded("worker-at-0.1-*.jsonl", XFAIL_SLOW))
 def test_a_recorded_worker_at_a_tenth_of_a_cpu_is_evicted_after_its_throttle_and_only_it(name: str) -> None:
-    node, at = throttled(name)
-    said = replay(name)
-    assert said and all(isinstance(v, evict.Eviction) and v.node == node for _, v in said), said
-    index, first = said[0]
-    assert (index, round(first.factor, 1)) == EVICTED_AT[name] and index > at, (index, first.factor, at)
+    first = first_eviction_of_the_throttled(name)
     assert first.exchanges == evict.AFTER and first.window == 2 * evict.AFTER - 1
     assert (first.nodes_left, first.ranks_left, first.global_batch, first.accum_left) == (2, 2, 96, 3)
 
 
 @pytest.mark.parametrize("name", recorded("worker-at-0.25-*.jsonl", XFAIL_SLOW))
 def test_a_recorded_worker_at_a_quarter_of_a_cpu_is_evicted_after_its_throttle(name: str) -> None:
+    first_eviction_of_the_throttled(name)
+
+
+def first_eviction_of_the_throttled(name: str) -> evict.Eviction:
+    """The replay's first eviction: only the throttled node is ever evicted, first at the exchange and factor pinned
+    in EVICTED_AT, after its throttle started."""
     node, at = throttled(name)
     said = replay(name)
     assert said and all(isinstance(v, evict.Eviction) and v.node == node for _, v in said), said
     index, first = said[0]
     assert (index, round(first.factor, 1)) == EVICTED_AT[name] and index > at, (index, first.factor, at)
+    return first
 
 
 def test_today_a_loaded_undisturbed_run_evicts_its_head_and_a_worker_at_a_quarter_of_a_cpu_stays() -> None:
