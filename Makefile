@@ -86,11 +86,14 @@ lint: venv host-deps ## Lint: ruff (check + format), yamllint, ansible-lint (pro
 test-unit: venv ## Unit tests only (seconds).
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-# make test's pytest workers (pytest-xdist): the container suites wait on the engine most of the time,
-# so they run beside the process suites; a module's tests stay on one worker (--dist loadscope), and modules are
-# handed out in collection order (tests/ansible, docker, integration, slurm, unit: the longest first), not by their
-# number of tests (xdist's default put the container modules, few tests each, last: 19 min of pytest, 22 min in all).
-TEST_WORKERS ?= 3
+# make test's pytest workers (pytest-xdist): the container suites wait on the engine most of the time, so they run
+# beside the process suites; a module's tests stay on one worker (--dist loadscope), and modules are handed out in
+# the order tests/conftest.py:mixed_modules gives (container and process modules interleaved, unit tests last), not
+# by their number of tests (xdist's default put the container modules last, all three workers waiting on the engine
+# first, then all computing). Four workers: two cores, and at any time about half the tests wait.
+TEST_WORKERS ?= 4
+# Each test's time, for the tables in tests/README.md: the 40 slowest on the terminal, all of them in the report.
+TEST_REPORT = --durations=40 --junitxml=build/logs/test-report.xml
 TEST_SELECTION = -m 'not noise' -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 .PHONY: test-noise
@@ -107,8 +110,8 @@ test: host-deps ## Lint, then every test but the noise ones: unit, real processe
 	$(MAKE) --no-print-directory -j3 --output-sync=target $(TEST_PREREQS) || { wait $$lint; exit 1; }; \
 	wait $$lint && cat $$lintlog || { cat $$lintlog; echo "error: make lint failed (log: $$lintlog)" >&2; exit 1; }; \
 	echo "test: venv, lint, engine, base, images and .venv-tv ready in $$((EPOCHSECONDS - start)) s"
-	@start=$$EPOCHSECONDS; echo "$(PY) -m pytest --durations=40 $(TEST_SELECTION) $(PYTEST_ARGS)"; \
-	DDP_REQUIRE_TEST_DEPS=1 $(PY) -m pytest --durations=40 $(TEST_SELECTION) $(PYTEST_ARGS) && status=0 || status=$$?; \
+	@start=$$EPOCHSECONDS; echo "$(PY) -m pytest $(TEST_REPORT) $(TEST_SELECTION) $(PYTEST_ARGS)"; \
+	DDP_REQUIRE_TEST_DEPS=1 $(PY) -m pytest $(TEST_REPORT) $(TEST_SELECTION) $(PYTEST_ARGS) && status=0 || status=$$?; \
 	echo "test: pytest took $$((EPOCHSECONDS - start)) s"; exit "$$status"
 	@for target in $(EXTRA_TESTS); do start=$$EPOCHSECONDS; $(MAKE) --no-print-directory $$target || exit 1; \
 	  echo "test: make $$target took $$((EPOCHSECONDS - start)) s"; done

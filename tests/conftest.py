@@ -27,13 +27,37 @@ def gpus_here() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+CONTAINER_MARKERS = ("ansible", "docker", "slurm")
+"""Tests that mostly wait on the engine (containers start, apt, playbooks, paced steps) while the process suites
+(tests/integration: torch ranks on this machine's cores) keep its CPUs busy."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items[:] = mixed_modules(items)
     if gpus_here():
         return
     skip = pytest.mark.skip(reason=NO_GPU)
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+
+def mixed_modules(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The modules in an order that keeps waiting and computing side by side on make test's workers (xdist hands
+    whole modules out in this order, --no-loadscope-reorder): the container modules (those marked slow first) and
+    tests/integration's modules interleaved, each list spread evenly over the other; every other module (the unit
+    tests, short) last as filler. Within a module the order is pytest's."""
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    waiting = [name for name, tests in modules.items() if any(map(tests[0].get_closest_marker, CONTAINER_MARKERS))]
+    waiting.sort(key=lambda name: not any(test.get_closest_marker("slow") for test in modules[name]))  # long first
+    computing = [name for name in modules if name.startswith("tests/integration/") and name not in waiting]
+    rest = [name for name in modules if name not in waiting and name not in computing]
+    spread = [(k / len(names), kind, name) for kind, names in enumerate((waiting, computing))
+              for k, name in enumerate(names)]  # fmt: skip
+    order = [name for *_, name in sorted(spread)]
+    return [item for name in order + rest for item in modules[name]]
 
 
 @pytest.fixture(autouse=True, scope="session")
