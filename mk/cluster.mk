@@ -124,7 +124,7 @@ cluster-up: $(if $(MONITOR),monitor-image) ## Start NODES x NPROC_PER_NODE conta
 # The check is judged once (no restarts unless MAX_RESTARTS says): torchrun restarting a failed check let a
 # third attempt on a busy machine print `result: ok` after two had named a node at 0.3 CPU.
 cluster-check: $(if $(MONITOR),monitor-image) ## Run `app check` across the cluster containers (torchrun, gloo).
-	@$(CLUSTER_JOB) $(if $(MAX_RESTARTS),,--max-restarts 0) --command 'check --json /results/check.json $(CHECK_ARGS)'
+	@$(CLUSTER_JOB) $(if $(MAX_RESTARTS),,--max-restarts 0) --command 'check --json /results/check.json --log-dir /results/logs $(CHECK_ARGS)'
 
 .PHONY: cluster-mpi
 cluster-mpi: ## Run `app check` (or MPI_JOB/SCRIPT) with mpirun over SSH (compose profile mpi).

@@ -71,6 +71,8 @@ from app.topology import compose
 from app.topology.spec import ClusterSpec
 
 STOP_GRACE_S = compose.STOP_GRACE_S
+RESULTS_DIR = Path("build/results")
+"""Where a job's results are copied by default (make's RESULTS asks for this, not restating it)."""
 EVENTS_EVERY_S = 0.5
 """How often the runner reads the job's events file for new records."""
 CONTAINER, KILLED, SILENT, ERROR, EXITED, CUT_SHORT, STOPPED = range(7)
@@ -147,6 +149,9 @@ class Run:
     verbose: bool = False
     monitor: compose.Monitor | None = None
     """The monitor profile's Prometheus, when the job is watched by one (``--monitor``)."""
+    results: Path = RESULTS_DIR
+    """Where the job's results volume is copied on the host (--results): a rank's line that names a file of it
+    (its log under /results) names the copy."""
     restarts: int = 0
     """Worker containers started again."""
     resumptions: int = 0
@@ -312,9 +317,14 @@ class Run:
             with self.lock:
                 self.raised[int(rank)] = f"rank {rank} on {node}: {record['message']}"
 
+    def on_host(self, line: str) -> str:
+        """A rank's line with the log it names under the results volume named as the host's copy of it."""
+        return line.replace(f"; log {contract.RESULTS_DIR}/", f"; log {self.results}/")
+
     def app_error(self, record: dict) -> None:
         """A rank's one-line error: held back while the job may resume; a hopeless one stops the job."""
         line, cause, reason = str(record.get("line", "")), str(record.get("cause", "")), record.get("reason")
+        line = self.on_host(line)
         kinds = {events.PEERS_LOST: SILENT, events.PEERS_STOPPED: CUT_SHORT}
         if reason == events.PEERS_STOPPED and record.get("rank") is not None:
             with self.lock:
@@ -598,8 +608,6 @@ def _restart_node(run: Run, name: str, code: int, stop: threading.Event, by_dock
 POLICY_S = 2.0
 """Seconds Docker's restart policy has to bring back a crashed node container before the runner starts it."""
 
-RESULTS_DIR = Path("build/results")
-"""Where a job's results are copied by default (make's RESULTS asks for this, not restating it)."""
 STATE_DIR = Path("build/cluster")
 """Where each job's rendered files, events and log go by default: STATE_DIR/NAME."""
 
@@ -653,7 +661,7 @@ def _prepare(args: argparse.Namespace) -> Run:
     events_file.touch()
     events_file.parent.chmod(0o777)
     events_file.chmod(0o666)
-    return Run(spec, folder, Path(log_file).resolve(), args.verbose, monitor if args.monitor else None)
+    return Run(spec, folder, Path(log_file).resolve(), args.verbose, monitor if args.monitor else None, args.results)
 
 
 def _down(run: Run) -> int:
@@ -706,7 +714,7 @@ def describe_limits(nano_cpus: int, cpu_quota: int, cpu_period: int, memory: int
     return ", ".join(parts)
 
 
-def _up(run: Run, results: Path) -> int:
+def _up(run: Run) -> int:
     spec = run.spec
     if not engine.has_image(spec.job.image):
         raise UsageError(f"image {spec.job.image} is missing: build it with `make images`")
@@ -760,7 +768,7 @@ def _up(run: Run, results: Path) -> int:
     events.write(events.JOB_ENDED, events_file=compose.events_file(run.folder), status=status)
     if 0 < status < 128 and not run.gave_up:
         run.unresolved()
-    _collect(run, results, elapsed)
+    _collect(run, elapsed)
     run.say(f"cluster: job exit status {status} after {elapsed:.0f}s; logs: {run.log_file} and make cluster-logs; "
             "remove: make cluster-down")  # fmt: skip
     if status:
@@ -809,8 +817,9 @@ def _failure(run: Run, status: int) -> str:
     return f"the job failed: {which} ended with {describe_status(status)}; see above"
 
 
-def _collect(run: Run, results: Path, elapsed: float) -> None:
+def _collect(run: Run, elapsed: float) -> None:
     """Copy the results volume home (through rank 0's node) and print the newest summary written during this job."""
+    results = run.results
     results.mkdir(parents=True, exist_ok=True)
     if not engine.copy_out(run.main_container, str(contract.RESULTS_DIR), results):
         run.say(f"cluster: the results were not copied to {results}: {run.main_container}'s {contract.RESULTS_DIR} "
@@ -841,7 +850,7 @@ def run(args: argparse.Namespace) -> int:
         return status
     if args.build:
         _build(args.build, contract.flavour(job.spec.nodes.gpus_per_node))
-    return _up(job, args.results)
+    return _up(job)
 
 
 def _status(spec: ClusterSpec, state_dir: Path, as_json: bool) -> int:

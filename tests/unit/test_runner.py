@@ -155,6 +155,15 @@ def test_at_the_end_a_failure_without_resume_is_told_by_the_ranks_own_lines(run,
     assert capsys.readouterr().err.splitlines() == [said[3]["line"]]
 
 
+def test_a_ranks_log_in_the_results_volume_is_named_by_its_copy_on_the_host(run, capsys):
+    """make cluster-check's ranks log under /results (--log-dir), which is copied to --results: the line the user
+    reads names the copy, not a file inside a container that is gone."""
+    line = "error: rank 0 on demo-head-1: device health: slow node [exit 1; log /results/logs/check-rank0.log]"
+    happen(run, ("demo-head-1", 0, events.ERROR, {"line": line, "cause": "device health: slow node", "status": 1}))
+    run.unresolved()
+    assert capsys.readouterr().err.splitlines() == [line.replace("/results/", f"{runner.RESULTS_DIR}/")]
+
+
 def test_node_ranks_follow_c10d_order(run):
     assert run.node_ranks("demo-head-1") == [0, 1]
     assert run.node_ranks("demo-worker-1") == [2, 3]
