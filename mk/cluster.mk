@@ -69,7 +69,7 @@ JOB_FLAGS = $(if $(SCRIPT),--script $(call quote,$(SCRIPT)) $(call knob,--args,$
 APP = PYTHONPATH=$(CURDIR) $(PYTHON) -m app
 ENGINE_PYTHON = $(IMAGE_BUILD) tools --tools-venv $(TOOLS_VENV) --docker-sdk $(DOCKER_SDK_VERSION) && \
 	PYTHONPATH=$(CURDIR) $(TOOLS_VENV)/bin/python
-CLUSTER_RUN = $(ENGINE_PYTHON) -m app cluster $(1) --results $(RESULTS) $(SPEC_FLAGS) --image-name $(IMAGE_NAME) \
+CLUSTER_RUN = $(ENGINE_PYTHON) -m app cluster $(1) --make --results $(RESULTS) $(SPEC_FLAGS) --image-name $(IMAGE_NAME) \
 	$(call knob,--image,$(IMAGE)) --monitor-image $(MONITOR_IMAGE) $(call knob,--monitor-port,$(MONITOR_PORT))
 # A cluster job's image build, which the runner starts once the spec is checked (it adds --flavour): none with IMAGE.
 IMAGE_BUILD_COMMAND = env PYTHONPATH=$(CURDIR)/docker $(PYTHON) -m imagebuild image $(IMAGE_FLAGS)

@@ -68,7 +68,7 @@ from app.orchestrate import engine
 from app.orchestrate import status as job_status
 from app.topology import command as topology
 from app.topology import compose
-from app.topology.spec import ClusterSpec
+from app.topology.spec import ClusterSpec, Job
 
 STOP_GRACE_S = compose.STOP_GRACE_S
 RESULTS_DIR = Path("build/results")
@@ -79,6 +79,15 @@ CONTAINER, KILLED, SILENT, ERROR, EXITED, CUT_SHORT, STOPPED = range(7)
 """Kinds of failure, the most telling first: a node's container stopped, a rank was killed by a signal,
 ranks stopped answering (the others' report), another error of the app, a rank's exit status, a rank whose
 collective was cut short by peers that their launcher stopped (its report), a rank stopped by its launcher."""
+
+
+def hint(name: str, action: str, make: bool) -> str:
+    """How a user runs ``action`` on the cluster ``name``: ``make cluster-down CLUSTER=x`` where make started it,
+    else ``python -m app cluster down --name x`` (no name for the spec's default)."""
+    named = name != Job().name
+    if make:
+        return f"make cluster-{action}" + (f" CLUSTER={name}" if named else "")
+    return f"python -m app cluster {action}" + (f" --name {name}" if named else "")
 
 
 def describe_status(code: int) -> str:
@@ -152,6 +161,8 @@ class Run:
     results: Path = RESULTS_DIR
     """Where the job's results volume is copied on the host (--results): a rank's line that names a file of it
     (its log under /results) names the copy."""
+    make: bool = False
+    """Started by make's cluster targets (--make): the hints name them (``hint``)."""
     restarts: int = 0
     """Worker containers started again."""
     resumptions: int = 0
@@ -316,6 +327,10 @@ class Run:
         if record.get("message") and rank is not None:
             with self.lock:
                 self.raised[int(rank)] = f"rank {rank} on {node}: {record['message']}"
+
+    def hint(self, action: str) -> str:
+        """The command that runs ``action`` on this cluster, as the user started this one (``hint``)."""
+        return hint(self.spec.job.name, action, self.make)
 
     def on_host(self, line: str) -> str:
         """A rank's line with the log it names under the results volume named as the host's copy of it."""
@@ -637,6 +652,9 @@ class ClusterFlags:
     """The Prometheus image of --monitor (default: MONITOR_IMAGE of docker/versions.env; make monitor-image)."""
     monitor_port: int = field(default=contract.MONITOR_PORT, metadata=flag(metavar="PORT"))
     """--monitor: Prometheus's UI at http://127.0.0.1:PORT."""
+    make: bool = False
+    """The lines' hints name make's targets (make cluster-down CLUSTER=x), as make's cluster targets ask; else this
+    command's own (python -m app cluster down --name x)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -661,7 +679,8 @@ def _prepare(args: argparse.Namespace) -> Run:
     events_file.touch()
     events_file.parent.chmod(0o777)
     events_file.chmod(0o666)
-    return Run(spec, folder, Path(log_file).resolve(), args.verbose, monitor if args.monitor else None, args.results)
+    monitor = monitor if args.monitor else None
+    return Run(spec, folder, Path(log_file).resolve(), args.verbose, monitor, args.results, args.make)
 
 
 def _down(run: Run) -> int:
@@ -702,7 +721,7 @@ def _limits(run: Run) -> None:
         numbers = (host.get(key) or 0 for key in ("NanoCpus", "CpuQuota", "CpuPeriod", "Memory"))
         if limit := describe_limits(*numbers):
             run.say(f"cluster: {name} runs under a limit: {limit}; it slows the job (it was set on "
-                    "the container, which jobs reuse): make cluster-down removes it")  # fmt: skip
+                    f"the container, which jobs reuse): {run.hint('down')} removes it")  # fmt: skip
 
 
 def describe_limits(nano_cpus: int, cpu_quota: int, cpu_period: int, memory: int) -> str:
@@ -769,8 +788,8 @@ def _up(run: Run) -> int:
     if 0 < status < 128 and not run.gave_up:
         run.unresolved()
     _collect(run, elapsed)
-    run.say(f"cluster: job exit status {status} after {elapsed:.0f}s; logs: {run.log_file} and make cluster-logs; "
-            "remove: make cluster-down")  # fmt: skip
+    run.say(f"cluster: job exit status {status} after {elapsed:.0f}s; logs: {run.log_file} and {run.hint('logs')}; "
+            f"remove: {run.hint('down')}")  # fmt: skip
     if status:
         raise ClusterError(_failure(run, status), status)
     return 0
@@ -784,7 +803,7 @@ def _start_monitor(run: Run) -> None:
     run.log(f"compose up prometheus: exit {started.returncode}: {started.stdout}{started.stderr}")
     if started.returncode == 0:
         run.say(f"monitor: Prometheus at http://127.0.0.1:{run.monitor.port} scrapes every node's metrics "
-                "(e.g. the graph of ddp_job_samples_per_second); it stays up until make cluster-down")  # fmt: skip
+                f"(e.g. the graph of ddp_job_samples_per_second); it stays up until {run.hint('down')}")  # fmt: skip
         return
     detail = (started.stderr.strip().splitlines() or ["no output"])[-1]
     run.say(f"monitor: Prometheus did not start ({detail}); the job goes on without it: free port "
@@ -799,7 +818,7 @@ def _failure(run: Run, status: int) -> str:
     if status == 124:
         return (
             f"the job ran past its time limit (--time-limit {spec.job.time_limit}s) and was stopped; "
-            "see make cluster-logs, then make cluster-down"
+            f"see {run.hint('logs')}, then {run.hint('down')}"
         )
     ended_by = run.ended_by or run.main_container
     if status >= 128:
@@ -835,7 +854,7 @@ def _collect(run: Run, elapsed: float) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the action; exit with the job's status (up), 0 (status, logs, down), 2 for bad input."""
     if args.action == "status":
-        return _status(topology.spec_from_args(args), args.state_dir, args.json)
+        return _status(topology.spec_from_args(args), args.state_dir, args.json, args.make)
     job = _prepare(args)
     if args.action == "down":
         return _down(job)
@@ -853,7 +872,7 @@ def run(args: argparse.Namespace) -> int:
     return _up(job)
 
 
-def _status(spec: ClusterSpec, state_dir: Path, as_json: bool) -> int:
+def _status(spec: ClusterSpec, state_dir: Path, as_json: bool, make: bool = False) -> int:
     """``cluster status``: the job at a glance from its events and its containers' states (nothing is rendered)."""
     name = spec.job.name
     path = compose.events_file((state_dir / name).resolve())
@@ -861,7 +880,7 @@ def _status(spec: ClusterSpec, state_dir: Path, as_json: bool) -> int:
     if not path.exists() and not containers:
         raise UsageError(
             f"no cluster named {name} here (no {path}, no containers of compose project {name}): start one with "
-            f"make cluster-up CLUSTER={name}, or name yours with --name"
+            f"{hint(name, 'up', make)}, or name yours with --name"
         )
     records, _ = events.read(path)
     for service in (compose.RENDEZVOUS, compose.PROMETHEUS):  # no node of the job

@@ -3,6 +3,7 @@
 agents and ranks write), each failure (and each restart) as one line; the nodes' output goes to the log, never
 read for a fault. The engine is not asked (the containers' host names are given), except by the watcher's own test."""
 
+import argparse
 import json
 import os
 import sys
@@ -289,10 +290,26 @@ def test_a_node_that_runs_under_a_limit_is_one_line(run, monkeypatch, capsys):
     runner._limits(run)
     assert capsys.readouterr().out.splitlines() == [
         "cluster: demo-head-1 runs under a limit: 1024 MiB of memory; it slows the job (it was set on the container, "
-        "which jobs reuse): make cluster-down removes it",
+        "which jobs reuse): python -m app cluster down --name demo removes it",
         "cluster: demo-worker-1 runs under a limit: 0.5 CPUs; it slows the job (it was set on the container, which "
-        "jobs reuse): make cluster-down removes it",
+        "jobs reuse): python -m app cluster down --name demo removes it",
     ]
+
+
+def test_hints_name_the_cluster_as_the_user_started_it(run):
+    """make's targets (--make) or the app's own command; a cluster of another name by its name (issue 36, item 5:
+    `remove: make cluster-down` for CLUSTER=x would have removed the default cluster)."""
+    assert runner.hint("ddp-cluster", "down", make=True) == "make cluster-down"
+    assert runner.hint("x", "down", make=True) == "make cluster-down CLUSTER=x"
+    assert runner.hint("ddp-cluster", "logs", make=False) == "python -m app cluster logs"
+    assert runner.hint("x", "down", make=False) == "python -m app cluster down --name x"
+    assert runner._failure(run, 124).endswith("see python -m app cluster logs --name demo, then python -m app cluster "
+                                              "down --name demo")  # fmt: skip
+    parser = argparse.ArgumentParser()
+    runner.add_arguments(parser)
+    args = parser.parse_args(["up", "--make", "--name", "x", "--state-dir", str(run.folder)])
+    made = runner._prepare(argparse.Namespace(**vars(args), verbose=False))
+    assert made.hint("down") == "make cluster-down CLUSTER=x"
 
 
 def _engine_answers() -> bool:
