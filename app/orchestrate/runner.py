@@ -355,6 +355,14 @@ class Run:
                 1,
                 line,
             )
+        elif reason == events.BATCH_NOT_KEPT:  # the cause, not the node loss that brought the job to this world
+            self.give_up(
+                "the job's global batch cannot be kept on the ranks of this attempt (the line above), nor by a restart "
+                "on them; run it again where it can (an --accum-steps that every world from --min-nodes to --nodes "
+                "keeps), or start a new run (--out)",
+                1,
+                line,
+            )
         elif record.get("status") == 2:
             self.give_up(BAD_INPUT, 2, line)
 

@@ -137,6 +137,21 @@ def test_a_full_disk_is_not_restarted(run, capsys):
     )
 
 
+def test_a_batch_the_ranks_left_cannot_keep_is_the_final_lines_cause_not_the_node_loss(run, capsys):
+    """Issue 36, item 2: a node lost, then the survivors cannot keep the global batch; the job ends, and its last
+    line names the batch (the rank's line at once), not the node whose loss brought the job to this world."""
+    cause = "cannot keep the global batch 192 on 2 ranks of per-rank batch 64 (192 is not a multiple of 128): ..."
+    kept = error("demo-head-1", 0, cause, reason=events.BATCH_NOT_KEPT)
+    run.failure(runner.CONTAINER, "demo-worker-1 stopped with signal 9 (SIGKILL)")
+    happen(run, error("demo-worker-1", 2, "rank 0 on demo-head-1 stopped answering: ...", reason=events.PEERS_LOST),
+           kept)  # fmt: skip
+    assert capsys.readouterr().err.splitlines() == [kept[3]["line"]]
+    assert run.ended.is_set() and run.status == 1
+    assert runner._failure(run, 1).startswith(
+        "not restarted: the job's global batch cannot be kept on the ranks of this attempt (the line above)"
+    )
+
+
 def test_bad_input_is_not_restarted_and_a_worker_is_named_by_its_container(run, capsys):
     bad = error("demo-worker-1", 1, "--dataset 'nope' is not one of digits", status=2)
     happen(run, bad, failed("demo-worker-1", 1, 0, 2, bad[3]["line"]))
