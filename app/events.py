@@ -32,7 +32,7 @@ GAVE_UP = "gave_up"
 ``attempts`` (the attempts made)."""
 ERROR = "error"
 """A rank's (or a node command's) one-line error: ``line`` (as printed), ``cause`` (its message alone),
-``status`` (the exit status), ``reason`` (PEERS_LOST, PEERS_STOPPED, NO_SPACE or "")."""
+``status`` (the exit status), ``reason`` (PEERS_LOST, PEERS_STOPPED, NO_SPACE, BATCH_NOT_KEPT or "")."""
 RESUMED = "resumed"
 """Rank 0 resumed training: ``from_step``, ``checkpoint`` (None: from the start), ``reached`` (the failed
 attempt's last step; None: unknown)."""
@@ -61,6 +61,8 @@ BAD_INPUT, REPEATED = "bad_input", "repeated"
 PEERS_LOST, PEERS_STOPPED, NO_SPACE = "peers_lost", "peers_stopped", "no_space"
 """Reasons of an error: other ranks stopped answering; every other rank answered, and the ones missing were stopped
 by their own launcher (SIGTERM: a restart, or a new rendezvous round); a disk (or quota) is full."""
+BATCH_NOT_KEPT = "batch_not_kept"
+"""Reason of an error: the ranks of this attempt cannot keep the checkpoint's global batch (app/train/resize.py)."""
 REGROUP = "regroup"
 """A node's agent stops its ranks because a node waits to join the job (torch's agent starts a new rendezvous round
 and the world grows): not a failure. Its ranks, and the others', may report the collective this cut short."""

@@ -26,6 +26,7 @@ closing it; the others' next collective fails, they keep that step and their age
 import statistics
 from dataclasses import dataclass, field
 
+from app.batch import keeps
 from app.errors import UsageError
 
 FACTOR = 3.0
@@ -153,7 +154,7 @@ class Watch:
         world, global_batch = int(record.get("world_size") or len(hosts)), int(record.get("global_batch") or 0)
         accum = int(record.get("accum_steps") or 1)
         per_rank = global_batch // (world * accum) if global_batch and world else 0
-        if not per_rank or global_batch % (per_rank * ranks_left):
+        if not per_rank or not keeps(global_batch, per_rank, ranks_left):
             if node in self.refused:
                 return None
             self.refused.add(node)

@@ -69,7 +69,7 @@ JOB_FLAGS = $(if $(SCRIPT),--script $(call quote,$(SCRIPT)) $(call knob,--args,$
 APP = PYTHONPATH=$(CURDIR) $(PYTHON) -m app
 ENGINE_PYTHON = $(IMAGE_BUILD) tools --tools-venv $(TOOLS_VENV) --docker-sdk $(DOCKER_SDK_VERSION) && \
 	PYTHONPATH=$(CURDIR) $(TOOLS_VENV)/bin/python
-CLUSTER_RUN = $(ENGINE_PYTHON) -m app cluster $(1) --results $(RESULTS) $(SPEC_FLAGS) --image-name $(IMAGE_NAME) \
+CLUSTER_RUN = $(ENGINE_PYTHON) -m app cluster $(1) --make --results $(RESULTS) $(SPEC_FLAGS) --image-name $(IMAGE_NAME) \
 	$(call knob,--image,$(IMAGE)) --monitor-image $(MONITOR_IMAGE) $(call knob,--monitor-port,$(MONITOR_PORT))
 # A cluster job's image build, which the runner starts once the spec is checked (it adds --flavour): none with IMAGE.
 IMAGE_BUILD_COMMAND = env PYTHONPATH=$(CURDIR)/docker $(PYTHON) -m imagebuild image $(IMAGE_FLAGS)
@@ -124,7 +124,7 @@ cluster-up: $(if $(MONITOR),monitor-image) ## Start NODES x NPROC_PER_NODE conta
 # The check is judged once (no restarts unless MAX_RESTARTS says): torchrun restarting a failed check let a
 # third attempt on a busy machine print `result: ok` after two had named a node at 0.3 CPU.
 cluster-check: $(if $(MONITOR),monitor-image) ## Run `app check` across the cluster containers (torchrun, gloo).
-	@$(CLUSTER_JOB) $(if $(MAX_RESTARTS),,--max-restarts 0) --command 'check --json /results/check.json $(CHECK_ARGS)'
+	@$(CLUSTER_JOB) $(if $(MAX_RESTARTS),,--max-restarts 0) --command 'check --json /results/check.json --log-dir /results/logs $(CHECK_ARGS)'
 
 .PHONY: cluster-mpi
 cluster-mpi: ## Run `app check` (or MPI_JOB/SCRIPT) with mpirun over SSH (compose profile mpi).

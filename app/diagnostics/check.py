@@ -346,8 +346,7 @@ def build_report(ctx: DistContext, cfg: CheckConfig, diagnosis: doctor.Diagnosis
     }
     if device_health:
         report["failures"] += health.failures(report)
-        flagged = device_health["below_fail"] or device_health["slow_nodes"] or device_health["below_peak"]
-        report["ok"] = report["ok"] and not flagged
+        report["ok"] = report["ok"] and not health.flagged(device_health)
     return report
 
 

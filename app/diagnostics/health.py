@@ -438,6 +438,12 @@ def node_lines(part: dict) -> list[str]:
             "most rounds)"]  # fmt: skip
 
 
+def flagged(part: dict) -> bool:
+    """A device named by a rule that fails the check: a slow node, a GPU below its data sheet, a rank below
+    --fail-below."""
+    return bool(part["slow_nodes"] or part["below_peak"] or part["below_fail"])
+
+
 def format_lines(report: dict) -> list[str]:
     """The verdict lines under app check's rank table."""
     part = report["device_health"]
@@ -453,8 +459,8 @@ def format_lines(report: dict) -> list[str]:
             *nodes,
             f"verdict: {n} rank(s): the outlier rule needs {MIN_RANKS} or more (--fail-below judges fewer)",
         ]
-    if not part["slow"]:
-        return [head, *nodes, "verdict: no slow device"]
+    if not part["slow"]:  # the rule over ranks named none: "no slow device" only where no other rule named one
+        return [head, *nodes] if flagged(part) else [head, *nodes, "verdict: no slow device"]
     return [head, *nodes, *(f"slow: {describe_slow(entry)}" for entry in part["slow"])]
 
 

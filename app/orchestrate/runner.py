@@ -68,15 +68,26 @@ from app.orchestrate import engine
 from app.orchestrate import status as job_status
 from app.topology import command as topology
 from app.topology import compose
-from app.topology.spec import ClusterSpec
+from app.topology.spec import ClusterSpec, Job
 
 STOP_GRACE_S = compose.STOP_GRACE_S
+RESULTS_DIR = Path("build/results")
+"""Where a job's results are copied by default (make's RESULTS asks for this, not restating it)."""
 EVENTS_EVERY_S = 0.5
 """How often the runner reads the job's events file for new records."""
 CONTAINER, KILLED, SILENT, ERROR, EXITED, CUT_SHORT, STOPPED = range(7)
 """Kinds of failure, the most telling first: a node's container stopped, a rank was killed by a signal,
 ranks stopped answering (the others' report), another error of the app, a rank's exit status, a rank whose
 collective was cut short by peers that their launcher stopped (its report), a rank stopped by its launcher."""
+
+
+def hint(name: str, action: str, make: bool) -> str:
+    """How a user runs ``action`` on the cluster ``name``: ``make cluster-down CLUSTER=x`` where make started it,
+    else ``python -m app cluster down --name x`` (no name for the spec's default)."""
+    named = name != Job().name
+    if make:
+        return f"make cluster-{action}" + (f" CLUSTER={name}" if named else "")
+    return f"python -m app cluster {action}" + (f" --name {name}" if named else "")
 
 
 def describe_status(code: int) -> str:
@@ -147,6 +158,11 @@ class Run:
     verbose: bool = False
     monitor: compose.Monitor | None = None
     """The monitor profile's Prometheus, when the job is watched by one (``--monitor``)."""
+    results: Path = RESULTS_DIR
+    """Where the job's results volume is copied on the host (--results): a rank's line that names a file of it
+    (its log under /results) names the copy."""
+    make: bool = False
+    """Started by make's cluster targets (--make): the hints name them (``hint``)."""
     restarts: int = 0
     """Worker containers started again."""
     resumptions: int = 0
@@ -312,9 +328,18 @@ class Run:
             with self.lock:
                 self.raised[int(rank)] = f"rank {rank} on {node}: {record['message']}"
 
+    def hint(self, action: str) -> str:
+        """The command that runs ``action`` on this cluster, as the user started this one (``hint``)."""
+        return hint(self.spec.job.name, action, self.make)
+
+    def on_host(self, line: str) -> str:
+        """A rank's line with the log it names under the results volume named as the host's copy of it."""
+        return line.replace(f"; log {contract.RESULTS_DIR}/", f"; log {self.results}/")
+
     def app_error(self, record: dict) -> None:
         """A rank's one-line error: held back while the job may resume; a hopeless one stops the job."""
         line, cause, reason = str(record.get("line", "")), str(record.get("cause", "")), record.get("reason")
+        line = self.on_host(line)
         kinds = {events.PEERS_LOST: SILENT, events.PEERS_STOPPED: CUT_SHORT}
         if reason == events.PEERS_STOPPED and record.get("rank") is not None:
             with self.lock:
@@ -327,6 +352,14 @@ class Run:
             self.give_up(
                 f"every attempt would run out of disk the same way; free space in the volume "
                 f"{self.spec.job.name}_results, then run the job again: it resumes from its last checkpoint",
+                1,
+                line,
+            )
+        elif reason == events.BATCH_NOT_KEPT:  # the cause, not the node loss that brought the job to this world
+            self.give_up(
+                "the job's global batch cannot be kept on the ranks of this attempt (the line above), nor by a restart "
+                "on them; run it again where it can (an --accum-steps that every world from --min-nodes to --nodes "
+                "keeps), or start a new run (--out)",
                 1,
                 line,
             )
@@ -598,8 +631,6 @@ def _restart_node(run: Run, name: str, code: int, stop: threading.Event, by_dock
 POLICY_S = 2.0
 """Seconds Docker's restart policy has to bring back a crashed node container before the runner starts it."""
 
-RESULTS_DIR = Path("build/results")
-"""Where a job's results are copied by default (make's RESULTS asks for this, not restating it)."""
 STATE_DIR = Path("build/cluster")
 """Where each job's rendered files, events and log go by default: STATE_DIR/NAME."""
 
@@ -629,6 +660,9 @@ class ClusterFlags:
     """The Prometheus image of --monitor (default: MONITOR_IMAGE of docker/versions.env; make monitor-image)."""
     monitor_port: int = field(default=contract.MONITOR_PORT, metadata=flag(metavar="PORT"))
     """--monitor: Prometheus's UI at http://127.0.0.1:PORT."""
+    make: bool = False
+    """The lines' hints name make's targets (make cluster-down CLUSTER=x), as make's cluster targets ask; else this
+    command's own (python -m app cluster down --name x)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -653,7 +687,8 @@ def _prepare(args: argparse.Namespace) -> Run:
     events_file.touch()
     events_file.parent.chmod(0o777)
     events_file.chmod(0o666)
-    return Run(spec, folder, Path(log_file).resolve(), args.verbose, monitor if args.monitor else None)
+    monitor = monitor if args.monitor else None
+    return Run(spec, folder, Path(log_file).resolve(), args.verbose, monitor, args.results, args.make)
 
 
 def _down(run: Run) -> int:
@@ -694,7 +729,7 @@ def _limits(run: Run) -> None:
         numbers = (host.get(key) or 0 for key in ("NanoCpus", "CpuQuota", "CpuPeriod", "Memory"))
         if limit := describe_limits(*numbers):
             run.say(f"cluster: {name} runs under a limit: {limit}; it slows the job (it was set on "
-                    "the container, which jobs reuse): make cluster-down removes it")  # fmt: skip
+                    f"the container, which jobs reuse): {run.hint('down')} removes it")  # fmt: skip
 
 
 def describe_limits(nano_cpus: int, cpu_quota: int, cpu_period: int, memory: int) -> str:
@@ -706,7 +741,7 @@ def describe_limits(nano_cpus: int, cpu_quota: int, cpu_period: int, memory: int
     return ", ".join(parts)
 
 
-def _up(run: Run, results: Path) -> int:
+def _up(run: Run) -> int:
     spec = run.spec
     if not engine.has_image(spec.job.image):
         raise UsageError(f"image {spec.job.image} is missing: build it with `make images`")
@@ -760,9 +795,9 @@ def _up(run: Run, results: Path) -> int:
     events.write(events.JOB_ENDED, events_file=compose.events_file(run.folder), status=status)
     if 0 < status < 128 and not run.gave_up:
         run.unresolved()
-    _collect(run, results, elapsed)
-    run.say(f"cluster: job exit status {status} after {elapsed:.0f}s; logs: {run.log_file} and make cluster-logs; "
-            "remove: make cluster-down")  # fmt: skip
+    _collect(run, elapsed)
+    run.say(f"cluster: job exit status {status} after {elapsed:.0f}s; logs: {run.log_file} and {run.hint('logs')}; "
+            f"remove: {run.hint('down')}")  # fmt: skip
     if status:
         raise ClusterError(_failure(run, status), status)
     return 0
@@ -776,7 +811,7 @@ def _start_monitor(run: Run) -> None:
     run.log(f"compose up prometheus: exit {started.returncode}: {started.stdout}{started.stderr}")
     if started.returncode == 0:
         run.say(f"monitor: Prometheus at http://127.0.0.1:{run.monitor.port} scrapes every node's metrics "
-                "(e.g. the graph of ddp_job_samples_per_second); it stays up until make cluster-down")  # fmt: skip
+                f"(e.g. the graph of ddp_job_samples_per_second); it stays up until {run.hint('down')}")  # fmt: skip
         return
     detail = (started.stderr.strip().splitlines() or ["no output"])[-1]
     run.say(f"monitor: Prometheus did not start ({detail}); the job goes on without it: free port "
@@ -791,7 +826,7 @@ def _failure(run: Run, status: int) -> str:
     if status == 124:
         return (
             f"the job ran past its time limit (--time-limit {spec.job.time_limit}s) and was stopped; "
-            "see make cluster-logs, then make cluster-down"
+            f"see {run.hint('logs')}, then {run.hint('down')}"
         )
     ended_by = run.ended_by or run.main_container
     if status >= 128:
@@ -809,8 +844,9 @@ def _failure(run: Run, status: int) -> str:
     return f"the job failed: {which} ended with {describe_status(status)}; see above"
 
 
-def _collect(run: Run, results: Path, elapsed: float) -> None:
+def _collect(run: Run, elapsed: float) -> None:
     """Copy the results volume home (through rank 0's node) and print the newest summary written during this job."""
+    results = run.results
     results.mkdir(parents=True, exist_ok=True)
     if not engine.copy_out(run.main_container, str(contract.RESULTS_DIR), results):
         run.say(f"cluster: the results were not copied to {results}: {run.main_container}'s {contract.RESULTS_DIR} "
@@ -826,7 +862,7 @@ def _collect(run: Run, results: Path, elapsed: float) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the action; exit with the job's status (up), 0 (status, logs, down), 2 for bad input."""
     if args.action == "status":
-        return _status(topology.spec_from_args(args), args.state_dir, args.json)
+        return _status(topology.spec_from_args(args), args.state_dir, args.json, args.make)
     job = _prepare(args)
     if args.action == "down":
         return _down(job)
@@ -841,10 +877,10 @@ def run(args: argparse.Namespace) -> int:
         return status
     if args.build:
         _build(args.build, contract.flavour(job.spec.nodes.gpus_per_node))
-    return _up(job, args.results)
+    return _up(job)
 
 
-def _status(spec: ClusterSpec, state_dir: Path, as_json: bool) -> int:
+def _status(spec: ClusterSpec, state_dir: Path, as_json: bool, make: bool = False) -> int:
     """``cluster status``: the job at a glance from its events and its containers' states (nothing is rendered)."""
     name = spec.job.name
     path = compose.events_file((state_dir / name).resolve())
@@ -852,7 +888,7 @@ def _status(spec: ClusterSpec, state_dir: Path, as_json: bool) -> int:
     if not path.exists() and not containers:
         raise UsageError(
             f"no cluster named {name} here (no {path}, no containers of compose project {name}): start one with "
-            f"make cluster-up CLUSTER={name}, or name yours with --name"
+            f"{hint(name, 'up', make)}, or name yours with --name"
         )
     records, _ = events.read(path)
     for service in (compose.RENDEZVOUS, compose.PROMETHEUS):  # no node of the job

@@ -222,7 +222,10 @@ def _tables(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         try:
             text = args.hostfile.read_text()
         except OSError as error:
-            raise UsageError(f"cannot read --hostfile {args.hostfile}: {error.strerror}") from None
+            raise UsageError(
+                f"cannot read --hostfile {args.hostfile} ({error.strerror}): give a readable file of one "
+                "'NAME slots=N' line per node"
+            ) from None
         merged["nodes"]["hosts"] = spec.parse_hostfile(text, f"--hostfile {args.hostfile}", note=_note)
     return merged
 

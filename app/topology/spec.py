@@ -23,7 +23,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from app import contract, evict
+from app import batch, contract, evict
 from app.errors import UsageError
 from app.flags import flag
 from app.runtime import envvars
@@ -431,6 +431,8 @@ class ClusterSpec:
                 f"--min-nodes {self.nodes.min_nodes} needs --launcher torchrun (its --nnodes MIN:MAX): "
                 f"{self.job.launcher} starts a fixed world; drop --min-nodes or use torchrun"
             )
+        if self.nodes.elastic and not self.job.script:  # every world the job may shrink to keeps its batch
+            batch.check_shrink(self.job.command, self.nodes.nodes, self.nodes.min_nodes, self.nodes.nproc_per_node)
         if self.job.launcher == "torchrun" and self.nodes.uneven:
             slots = sorted({h.slots for h in self.nodes.hosts})
             raise UsageError(

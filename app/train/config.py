@@ -10,6 +10,7 @@ from code alike.
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from app import batch
 from app.errors import UsageError
 from app.flags import flag
 
@@ -132,9 +133,9 @@ class OptimizerConfig:
 class StepsConfig:
     """Steps: their size, their number and their order."""
 
-    batch_size: int = 64
+    batch_size: int = batch.BATCH_SIZE
     """Samples per rank per micro-step; the global batch is batch_size * world size * accum_steps."""
-    accum_steps: int = 1
+    accum_steps: int = batch.ACCUM_STEPS
     """Micro-steps per optimizer step; gradients are all-reduced on the last one only (no_sync)."""
     epochs: int = 10
     """Passes over the training set."""

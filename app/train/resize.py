@@ -17,6 +17,8 @@ epoch boundary) sets a new global batch from the flags, as before.
 
 from dataclasses import dataclass, replace
 
+from app import events
+from app.batch import keeps
 from app.errors import ClusterError
 from app.train.config import TrainConfig
 
@@ -59,12 +61,13 @@ def keep_global_batch(cfg: TrainConfig, state: dict, world: int, nodes: int) -> 
     if batch != s.batch_size or (was, accum_was) == (world, s.accum_steps):
         return cfg, state, None  # a new --batch-size sets a new global batch; or nothing changed
     kept = batch * was * accum_was
-    if kept % (batch * world):
+    if not keeps(kept, batch, world):
         fits = [n for n in range(1, kept // batch + 1) if kept // batch % n == 0]
         raise ClusterError(
             f"cannot keep the global batch {kept} on {world} ranks of per-rank batch {batch} ({kept} is not a "
             f"multiple of {batch * world}): run on {', '.join(map(str, fits))} ranks, or start a new run (--out) "
-            "with another --batch-size"
+            "with another --batch-size",
+            reason=events.BATCH_NOT_KEPT,
         )
     accum = kept // (batch * world)
     cfg = replace(cfg, steps=replace(s, accum_steps=accum))

@@ -139,6 +139,17 @@ def test_a_node_whose_ranks_are_half_of_all_is_named_as_a_node() -> None:
     assert [f["ranks"] for f in health.failures(report)] == [[2, 3], [2, 3]]
 
 
+def test_the_verdict_agrees_with_the_slow_node_it_names() -> None:
+    # Issue 36: a worker at 0.3 CPU named as a slow node, then `verdict: no slow device`, then `result: FAILED`.
+    figures = _cpu([160.0, 165.0, 14.0, 15.3], [5.0, 6.0, 4.0, 4.5])  # the rank rule names none (half are slow)
+    report = {"device_health": health.section(_ranks(figures, ["head"] * 2 + ["worker"] * 2), 3.0, None)}
+    lines = health.format_lines(report | {"world_size": 4})
+    assert [line.split(":")[0] for line in lines] == ["device health", "slow node"]
+    quiet = _cpu([160.0, 165.0, 150.0, 158.0], [5.0, 6.0, 4.0, 4.5])  # nothing named: the verdict says so
+    report = {"device_health": health.section(_ranks(quiet, ["head"] * 2 + ["worker"] * 2), 3.0, None)}
+    assert health.format_lines(report | {"world_size": 4})[-1] == "verdict: no slow device"
+
+
 def test_nodes_within_the_factor_are_not_named_and_the_line_says_how_far_the_slowest_is() -> None:
     figures = _cpu([80.0, 70.0, 40.0, 45.0], [5.0, 6.0, 4.0, 4.5])  # 1.8x apart: a busy machine's noise
     part = health.section(_ranks(figures, ["head", "head", "worker", "worker"]), 3.0, None)

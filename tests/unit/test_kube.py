@@ -274,7 +274,7 @@ def test_the_job_is_consistent_with_the_spec() -> None:
 
 
 def test_min_nodes_reaches_torchrun_and_the_pytorchjob() -> None:
-    spec = build({"nodes": {"nodes": 3, "min_nodes": 2}})
+    spec = build({"nodes": {"nodes": 3, "min_nodes": 2}, "job": {"command": "train --accum-steps 2"}})
     assert "--nnodes=2:3" in kube.config_map(spec)["data"]["torchrun.args"]
     elastic = kube.pytorch_job(spec)["spec"]["elasticPolicy"]
     assert (elastic["minReplicas"], elastic["maxReplicas"]) == (2, 3)
@@ -282,7 +282,7 @@ def test_min_nodes_reaches_torchrun_and_the_pytorchjob() -> None:
 
 
 def test_an_elastic_job_gives_the_node_agents_the_straggler_policy_a_fixed_one_none() -> None:
-    elastic = build({"nodes": {"nodes": 3, "min_nodes": 2}})
+    elastic = build({"nodes": {"nodes": 3, "min_nodes": 2}, "job": {"command": "train --accum-steps 2"}})
     assert kube.config_map(elastic)["data"][contract.NODE_ARGS] == "--evict-factor=3 --evict-after=3\n"  # ddp-node's
     command = kube.pytorch_job(elastic)["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     assert command["command"][:9] == ["python", "-m", "app", "node", "--serve-metrics", "--retry-every=10",

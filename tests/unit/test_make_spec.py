@@ -58,3 +58,20 @@ def test_good_knobs_pass_the_check(bin_dir):
     done = make(bin_dir, "cluster-spec", "NODES=3", "NPROC_PER_NODE=1", "JOB=check")
     assert done.returncode == 0 and done.stderr == "", done
     assert not (bin_dir.parent / "docker-called").exists()
+
+
+def test_cluster_check_logs_where_the_results_are_copied(bin_dir):
+    """Its ranks' logs go to the results volume (copied to RESULTS), not to a container's home that is not copied."""
+    from app import contract
+
+    done = make(bin_dir, "-n", "cluster-check")
+    assert done.returncode == 0, done
+    assert f"--log-dir {contract.RESULTS_DIR}/logs" in done.stdout
+    assert not (bin_dir.parent / "docker-called").exists()
+
+
+def test_make_tells_the_cluster_command_that_make_started_it(bin_dir):
+    """--make: the runner's hints then name make's targets (make cluster-down CLUSTER=x), not python -m app's."""
+    done = make(bin_dir, "-n", "cluster-down", "CLUSTER=x")
+    assert done.returncode == 0, done
+    assert " -m app cluster down --make " in done.stdout and "--name 'x'" in done.stdout

@@ -3,6 +3,7 @@
 agents and ranks write), each failure (and each restart) as one line; the nodes' output goes to the log, never
 read for a fault. The engine is not asked (the containers' host names are given), except by the watcher's own test."""
 
+import argparse
 import json
 import os
 import sys
@@ -136,6 +137,21 @@ def test_a_full_disk_is_not_restarted(run, capsys):
     )
 
 
+def test_a_batch_the_ranks_left_cannot_keep_is_the_final_lines_cause_not_the_node_loss(run, capsys):
+    """Issue 36, item 2: a node lost, then the survivors cannot keep the global batch; the job ends, and its last
+    line names the batch (the rank's line at once), not the node whose loss brought the job to this world."""
+    cause = "cannot keep the global batch 192 on 2 ranks of per-rank batch 64 (192 is not a multiple of 128): ..."
+    kept = error("demo-head-1", 0, cause, reason=events.BATCH_NOT_KEPT)
+    run.failure(runner.CONTAINER, "demo-worker-1 stopped with signal 9 (SIGKILL)")
+    happen(run, error("demo-worker-1", 2, "rank 0 on demo-head-1 stopped answering: ...", reason=events.PEERS_LOST),
+           kept)  # fmt: skip
+    assert capsys.readouterr().err.splitlines() == [kept[3]["line"]]
+    assert run.ended.is_set() and run.status == 1
+    assert runner._failure(run, 1).startswith(
+        "not restarted: the job's global batch cannot be kept on the ranks of this attempt (the line above)"
+    )
+
+
 def test_bad_input_is_not_restarted_and_a_worker_is_named_by_its_container(run, capsys):
     bad = error("demo-worker-1", 1, "--dataset 'nope' is not one of digits", status=2)
     happen(run, bad, failed("demo-worker-1", 1, 0, 2, bad[3]["line"]))
@@ -153,6 +169,15 @@ def test_at_the_end_a_failure_without_resume_is_told_by_the_ranks_own_lines(run,
     happen(run, said)
     run.unresolved()
     assert capsys.readouterr().err.splitlines() == [said[3]["line"]]
+
+
+def test_a_ranks_log_in_the_results_volume_is_named_by_its_copy_on_the_host(run, capsys):
+    """make cluster-check's ranks log under /results (--log-dir), which is copied to --results: the line the user
+    reads names the copy, not a file inside a container that is gone."""
+    line = "error: rank 0 on demo-head-1: device health: slow node [exit 1; log /results/logs/check-rank0.log]"
+    happen(run, ("demo-head-1", 0, events.ERROR, {"line": line, "cause": "device health: slow node", "status": 1}))
+    run.unresolved()
+    assert capsys.readouterr().err.splitlines() == [line.replace("/results/", f"{runner.RESULTS_DIR}/")]
 
 
 def test_node_ranks_follow_c10d_order(run):
@@ -280,10 +305,26 @@ def test_a_node_that_runs_under_a_limit_is_one_line(run, monkeypatch, capsys):
     runner._limits(run)
     assert capsys.readouterr().out.splitlines() == [
         "cluster: demo-head-1 runs under a limit: 1024 MiB of memory; it slows the job (it was set on the container, "
-        "which jobs reuse): make cluster-down removes it",
+        "which jobs reuse): python -m app cluster down --name demo removes it",
         "cluster: demo-worker-1 runs under a limit: 0.5 CPUs; it slows the job (it was set on the container, which "
-        "jobs reuse): make cluster-down removes it",
+        "jobs reuse): python -m app cluster down --name demo removes it",
     ]
+
+
+def test_hints_name_the_cluster_as_the_user_started_it(run):
+    """make's targets (--make) or the app's own command; a cluster of another name by its name (issue 36, item 5:
+    `remove: make cluster-down` for CLUSTER=x would have removed the default cluster)."""
+    assert runner.hint("ddp-cluster", "down", make=True) == "make cluster-down"
+    assert runner.hint("x", "down", make=True) == "make cluster-down CLUSTER=x"
+    assert runner.hint("ddp-cluster", "logs", make=False) == "python -m app cluster logs"
+    assert runner.hint("x", "down", make=False) == "python -m app cluster down --name x"
+    assert runner._failure(run, 124).endswith("see python -m app cluster logs --name demo, then python -m app cluster "
+                                              "down --name demo")  # fmt: skip
+    parser = argparse.ArgumentParser()
+    runner.add_arguments(parser)
+    args = parser.parse_args(["up", "--make", "--name", "x", "--state-dir", str(run.folder)])
+    made = runner._prepare(argparse.Namespace(**vars(args), verbose=False))
+    assert made.hint("down") == "make cluster-down CLUSTER=x"
 
 
 def _engine_answers() -> bool:

@@ -69,17 +69,26 @@ def test_torchrun_style_takes_its_port_from_the_job_id_and_runs_the_script_uncha
 def test_min_nodes_lets_the_other_agents_go_on() -> None:
     all_or_none = slurm.render_script(spec.build({"nodes": {"nodes": 3}}))
     assert "--nnodes=3 " in all_or_none and "--kill-on-bad-exit=1" in all_or_none and "--no-kill" not in all_or_none
-    elastic = slurm.render_script(spec.build({"nodes": {"nodes": 3, "min_nodes": 2}}))
+    elastic = slurm.render_script(
+        spec.build({"nodes": {"nodes": 3, "min_nodes": 2}, "job": {"command": "train --accum-steps 2"}})
+    )
     assert "--nnodes=2:3 " in elastic and "--kill-on-bad-exit=0" in elastic and "#SBATCH --no-kill" in elastic
 
 
 def test_an_elastic_job_gives_every_nodes_agent_the_straggler_policy_a_fixed_one_none() -> None:
-    elastic = spec.build({"nodes": {"nodes": 3, "min_nodes": 2, "evict_factor": 4.0, "evict_after": 5}})
+    elastic = spec.build(
+        {
+            "nodes": {"nodes": 3, "min_nodes": 2, "evict_factor": 4.0, "evict_after": 5},
+            "job": {"command": "train --accum-steps 2"},
+        }
+    )
     said = slurm.render_script(elastic)
     records = '--records="/tmp/ddp-cluster-$SLURM_JOB_ID.gate"'  # this job's own gate figures, on each node
     policy = "--retry-every=10 --evict-factor=4 --evict-after=5"  # judged again until it passes, then it joins
     assert f"-m app node --serve-metrics {records} {policy} -- " in said
-    off = spec.build({"nodes": {"nodes": 3, "min_nodes": 2, "evict_factor": 0.0}})
+    off = spec.build(
+        {"nodes": {"nodes": 3, "min_nodes": 2, "evict_factor": 0.0}, "job": {"command": "train --accum-steps 2"}}
+    )
     assert "--evict" not in slurm.render_script(off)
     assert "--evict" not in slurm.render_script(spec.build({"nodes": {"nodes": 3}}))  # nothing to go on with
 

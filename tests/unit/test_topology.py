@@ -58,7 +58,13 @@ def test_torchs_c10d_rendezvous_takes_the_rendered_settings() -> None:
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
     from torch.distributed.run import get_args_parser
 
-    spec = build({"nodes": {"hosts": "node0:2,node1:2,node2:2", "min_nodes": 2}, "rendezvous": {"keep_alive": 2}})
+    spec = build(
+        {
+            "nodes": {"hosts": "node0:2,node1:2,node2:2", "min_nodes": 2},
+            "rendezvous": {"keep_alive": 2},
+            "job": {"command": "train --accum-steps 2"},
+        }
+    )
     args = get_args_parser().parse_args([*render.torchrun_args(spec, spec.nodes.hosts), "job.py"])
     conf = dict(item.split("=") for item in args.rdzv_conf.split(","))
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
@@ -71,7 +77,9 @@ def test_torchs_c10d_rendezvous_takes_the_rendered_settings() -> None:
 def test_min_nodes_defaults_to_nodes_and_renders_as_torchruns_min_max() -> None:
     assert build({"nodes": {"nodes": 3}}).nodes.min_nodes == 3  # all or none: today's --nnodes=3
     assert "--nnodes=3" in render.torchrun_args(build({"nodes": {"nodes": 3}}), (Host("a", 1),) * 3)
-    elastic = build({"nodes": {"hosts": "node0:2,node1:2,node2:2", "min_nodes": 2}})
+    elastic = build(
+        {"nodes": {"hosts": "node0:2,node1:2,node2:2", "min_nodes": 2}, "job": {"command": "train --accum-steps 2"}}
+    )
     args = render.torchrun_args(elastic, elastic.nodes.hosts)
     assert (
         "--nnodes=2:3" in args
