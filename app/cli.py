@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from app import logs
-from app.errors import ClusterError, Stopped, UsageError, first_line
+from app.errors import ClusterError, Stopped, UsageError, first_line, install_extra
 
-# name -> (module, one-line summary). Modules load only when their command runs, so commands that
-# need no torch (topology, deploy) start fast on machines without it.
+# name -> (module, one-line summary). Modules load only when their command runs, so the host side's commands
+# (cluster, topology, deploy) run on the stdlib: pip's light install, without the [node] extra and torch.
 COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("app.diagnostics.check", "cluster health check: every collective, verified values, a table or JSON"),
     "comm": ("app.diagnostics.comm", "collective bandwidth sweep (nccl-tests columns): time, algbw, busbw, #wrong"),
@@ -43,6 +43,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "a node of a torchrun job: its health gate, then torchrun's agent with ranks forked preloaded",
     ),
 }
+
+NODE_EXTRA = "node"
+"""pyproject.toml's extra with what every other command imports (torch, numpy, ...)."""
 
 
 def _top_help() -> str:
@@ -91,7 +94,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"error: unknown command {name!r}: choose one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    parser, module = build_parser(name)
+    try:
+        parser, module = build_parser(name)
+    except ModuleNotFoundError as error:  # a node-side command (train, check, ...) in a light install
+        if (error.name or "app").partition(".")[0] == "app":
+            raise
+        print(f"error: python -m app {name} needs {error.name}, which this Python lacks (the [{NODE_EXTRA}] extra): "
+              f"{install_extra(NODE_EXTRA)}", file=sys.stderr)  # fmt: skip
+        return 2
     args = parser.parse_args(rest)
     args.argv = rest  # the command's arguments as given (app bench passes them on to the ranks it starts)
     own_output = getattr(module, "OWN_DESCRIPTOR_2", True)

@@ -1,8 +1,15 @@
 """Errors that the command line turns into a one-line message and exit status 2."""
 
+import os
 import re
+import shlex
 import sys
 from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+
+DISTRIBUTION = "ddp-cluster"
+"""The project's name to pip (pyproject.toml's [project] name), whose extras add what a command needs."""
 
 
 class UsageError(Exception):
@@ -63,3 +70,15 @@ def clip(text: str, limit: int) -> str:
     whole = text[room : room + 1].isspace()  # the word before the cut ends there
     words = text[:room] if whole else (text[:room].rpartition(" ")[0] or text[:room])
     return words.rstrip(" ,;:.") + ELLIPSIS
+
+
+def install_extra(extra: str) -> str:
+    """The exact command that adds the packages of pyproject.toml's extra ``extra`` to this Python:
+    ``/venv/bin/python -m pip install 'ddp-cluster[cluster]'``, or this checkout's folder where the app runs from
+    a checkout that pip never installed (PYTHONPATH)."""
+    try:
+        metadata.distribution(DISTRIBUTION)
+        target = DISTRIBUTION
+    except metadata.PackageNotFoundError:
+        target = str(Path(__file__).resolve().parents[1])
+    return f"{shlex.quote(os.path.normpath(sys.executable))} -m pip install {shlex.quote(f'{target}[{extra}]')}"

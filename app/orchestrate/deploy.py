@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app import flags, logs
-from app.errors import ClusterError, UsageError, clip
+from app.errors import ClusterError, UsageError, clip, install_extra
 from app.flags import flag
 
 ANSIBLE_DIR = Path("ansible")
@@ -167,7 +167,7 @@ def ansible_playbook() -> str:
     beside = Path(sys.executable).parent / "ansible-playbook"
     found = str(beside) if beside.is_file() else shutil.which("ansible-playbook")
     if not found:
-        raise UsageError("ansible-playbook not found: pip install 'ddp-cluster[deploy]' into this Python's environment")
+        raise UsageError(f"ansible-playbook not found (the [deploy] extra): {install_extra('deploy')}")
     return found
 
 
@@ -177,7 +177,7 @@ def deploy(cfg: DeployConfig) -> int:
     try:
         import ansible_runner
     except ImportError:
-        raise UsageError("ansible-runner is not installed: pip install 'ddp-cluster[deploy]'") from None
+        raise UsageError(f"ansible-runner is not installed (the [deploy] extra): {install_extra('deploy')}") from None
     # With `binary` set, ansible-runner passes no playbook itself: it leads the command line.
     cmdline = "deploy.yml" + (" --check --diff" if cfg.check else "")
     with tempfile.TemporaryDirectory(prefix="ddp-deploy-") as private:

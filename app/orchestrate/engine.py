@@ -1,10 +1,11 @@
 """The Docker engine as the cluster runner sees it: objects from the Engine API through the Docker SDK for Python.
 
     python -m app cluster up      # make cluster-up runs it with build/tools-venv's python, which has the SDK
+    pip install 'ddp-cluster[cluster]'   # the SDK for a pip install of the app (the [cluster] extra)
 
 Containers, their states, limits, output and the engine's events come back as objects, not as text that
 ``docker inspect`` or ``docker events`` printed; compose stays the CLI it is (``runner.Run.compose``). The
-SDK is imported on first use, so ``--help`` and ``down`` of a missing engine still answer in one line. Each
+SDK is imported on first use, so ``--help`` runs without it, and a missing SDK or engine is one line. Each
 thread takes its own client (``client()``): an SDK client is a requests session, not made for threads.
 """
 
@@ -19,41 +20,59 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from app.errors import UsageError
+from app.errors import UsageError, install_extra
 
 REQUEST_TIMEOUT_S = 120
 """The longest one request to the engine may take (a stream that follows has none)."""
-SDK = "docker"
-"""The Docker SDK for Python's distribution (docker/versions.env pins it for build/tools-venv)."""
+EXTRA = "cluster"
+"""pyproject.toml's extra that holds the Docker SDK for Python (docker/versions.env pins it for build/tools-venv)."""
+
+
+def sdk() -> Any:
+    """The Docker SDK for Python; one line naming the extra and the command that install it when it is missing."""
+    try:  # (a from-import: without the SDK, the repository's docker/ folder imports as an empty namespace)
+        from docker import from_env  # noqa: F401
+    except ImportError:
+        missing = f"the Docker SDK for Python is missing (the [{EXTRA}] extra)"
+        raise UsageError(f"{missing}: {install_extra(EXTRA)}") from None
+    import docker
+
+    return docker
 
 
 def client(timeout: float = REQUEST_TIMEOUT_S) -> Any:
     """A client of the engine that DOCKER_HOST (else the local socket) names; one line when the SDK is missing or
     the engine does not answer."""
-    try:  # (from-imports: without the SDK, the repository's docker/ folder imports as an empty namespace)
-        from docker import errors, from_env
-    except ImportError:
-        raise UsageError(
-            f"the Docker SDK for Python is missing: run the cluster with `make cluster-up` (build/tools-venv has "
-            f"it), or `pip install {SDK}` into this Python"
-        ) from None
+    docker = sdk()
     try:
-        return from_env(timeout=int(timeout))
-    except errors.DockerException as error:
+        return docker.from_env(timeout=int(timeout))
+    except docker.errors.DockerException as error:
         raise UsageError(f"the Docker engine does not answer ({_reason(error)}): start it with `make engine`") from None
 
 
-def _reason(error: Exception) -> str:
-    """The last part of an SDK error, without its nested exception text."""
+def _reason(error: BaseException) -> str:
+    """What the connection to the engine met, in the system's words (``Connection refused``, ``No such file or
+    directory``: the first OSError among the SDK's nested errors), else the last part of the SDK's message."""
+    queue, seen = [error], set()
+    while queue:
+        found = queue.pop(0)
+        if isinstance(found, OSError) and found.strerror:
+            return found.strerror
+        seen.add(id(found))
+        nested = (found.__cause__, found.__context__, getattr(found, "reason", None), *found.args)
+        queue += [e for e in nested if isinstance(e, BaseException) and id(e) not in seen]
     return str(error).rsplit(": ", 1)[-1].strip("()'\" ") or type(error).__name__
 
 
 def _errors() -> tuple[type[Exception], ...]:
-    """What a request to the engine may raise (the API's errors, a connection lost or timed out)."""
-    import docker
-    import requests
-
-    return (docker.errors.DockerException, requests.exceptions.RequestException)
+    """What a request to the engine may raise (the API's errors, a connection lost or timed out); nothing without
+    the SDK, so that ``client()``'s line about it is what the caller sees."""
+    try:
+        from docker.errors import DockerException
+        from requests.exceptions import RequestException
+    except ImportError:
+        return ()
+    return (DockerException, RequestException)
 
 
 def inspect(name: str) -> dict | None:

@@ -674,6 +674,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _prepare(args: argparse.Namespace) -> Run:
     """The spec, checked once, and every file the cluster needs, rendered once into STATE_DIR/NAME/."""
     spec = topology.spec_from_args(args)
+    engine.sdk()  # missing: one line before anything is written
     if getattr(args, "image", None) is None and args.image_name:  # (spec flags are absent unless given)
         image = f"{args.image_name}:{contract.flavour(spec.nodes.gpus_per_node)}"
         spec = dataclasses.replace(spec, job=dataclasses.replace(spec.job, image=image))

@@ -1,8 +1,10 @@
-"""Two rules over every module of app/, read from the sources: only app/runtime/launcher.py reads
+"""Rules over every module of app/, read from the sources: only app/runtime/launcher.py reads
 the environment, and the workload (app/train) never imports the launcher module (it gets the
-process's ProcessInfo from the process group, ``ctx.proc``)."""
+process's ProcessInfo from the process group, ``ctx.proc``); no package imports from a higher floor. And,
+from a fresh process: the host side's commands import only the stdlib (pip's light install)."""
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -183,3 +185,27 @@ def test_an_upward_import_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     module.write_text("from app.train import trainer\nfrom app.errors import UsageError\nimport app.topology.spec\n")
     monkeypatch.setattr(sys.modules[__name__], "APP", tmp_path)
     assert upward_imports(module) == ["line 1: app.train", "line 3: app.topology.spec"]
+
+
+HOST_SIDE = ("cluster", "topology", "deploy")
+"""The commands of pip's light install (no [node] extra: no torch, no numpy)."""
+_IMPORTED = """
+import sys
+before = set(sys.modules)
+from app import cli
+for name in {names}:
+    cli.build_parser(name)
+print(" ".join(sorted({{m.partition(".")[0] for m in set(sys.modules) - before}})))
+"""
+
+
+def _imported_by(names: tuple[str, ...]) -> set[str]:
+    """The top-level modules that building these commands' parsers imports (their modules, in a fresh process)."""
+    code = _IMPORTED.format(names=names)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=APP.parent, check=True)
+    return set(done.stdout.split())
+
+
+def test_the_host_side_commands_import_only_the_stdlib_and_the_app() -> None:
+    assert _imported_by(HOST_SIDE) - set(sys.stdlib_module_names) == {"app"}
+    assert {"torch", "numpy"} <= _imported_by(("train",))  # the control: a node-side command's imports are seen

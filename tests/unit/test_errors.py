@@ -1,7 +1,13 @@
-"""Error text shortened for a one-line error is cut between words (app.errors.clip, first_line's limit)."""
+"""Error text shortened for a one-line error is cut between words (app.errors.clip, first_line's limit); an
+extra's pip command names what pip can install (app.errors.install_extra)."""
+
+import sys
+from importlib import metadata
+from pathlib import Path
 
 import pytest
 
+from app import errors
 from app.errors import ELLIPSIS, clip, first_line
 
 GLOO = (
@@ -26,3 +32,16 @@ def test_a_text_within_the_limit_is_kept_and_first_line_clips_at_its_limit() -> 
     assert first_line(RuntimeError(GLOO), 60) == "Connection closed by peer [172.26.0.5]:52344. Check the..."
     assert first_line(RuntimeError(GLOO)).endswith("before reporting an error")  # no limit: whole
     assert clip("a-single-long-word", 10) == "a-singl..."  # nothing to cut between: the word is cut
+
+
+def test_an_extra_is_installed_by_name_else_from_the_checkout_the_app_runs_from(monkeypatch) -> None:
+    monkeypatch.setattr(sys, "executable", "/v/bin/../bin/python")
+    monkeypatch.setattr(metadata, "distribution", lambda name: name)  # pip installed it
+    assert errors.install_extra("node") == "/v/bin/python -m pip install 'ddp-cluster[node]'"
+
+    def not_installed(name: str):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "distribution", not_installed)  # PYTHONPATH=<checkout>
+    checkout = Path(errors.__file__).resolve().parents[1]
+    assert errors.install_extra("cluster") == f"/v/bin/python -m pip install '{checkout}[cluster]'"
