@@ -13,6 +13,8 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==$(TORCH_VERSION)
 PYTEST_ARGS ?=
 PY := $(VENV)/bin/python
+# The [cluster] extra's wheels (the Docker SDK and what it needs), for tests that install the package offline.
+CLUSTER_EXTRA_WHEELS = build/wheelhouse/cluster-extra
 # Every Dockerfile of the repository, for hadolint.
 DOCKERFILES = $(shell git ls-files -co --exclude-standard | grep -E '(^|/)([^/]+\.)?Dockerfile$$' | sort)
 # Every shell script of the repository (by extension or by a bash/sh shebang), for shellcheck.
@@ -39,6 +41,7 @@ $(VENV)/.stamp: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -e '.[dev,deploy]'
+	$(PY) -m pip download --quiet --dest $(CLUSTER_EXTRA_WHEELS) 'docker==$(DOCKER_SDK_VERSION)'
 	touch $@
 
 .PHONY: venv

@@ -3,8 +3,9 @@ the host side (``app cluster``, ``app topology``); the repository's compose.yaml
 (data-files), found without the repository; what an extra adds is one line naming it and its pip command.
 
 Builds the wheel, installs it with ``pip install --no-index``: its own requirements must need no index (torch
-is the [node] extra's), then adds the [cluster] extra with the command its error line names (from the package
-index, about 2 s; the Docker SDK and requests). Every command runs from a folder that holds no checkout.
+is the [node] extra's), then adds the [cluster] extra with the command its error line names, offline: pip finds
+the Docker SDK and what it needs in build/wheelhouse/cluster-extra (``make venv`` downloads them; no test reaches
+the package index). Every command runs from a folder that holds no checkout.
 Run: ``.venv/bin/python -m pytest tests/integration/test_package.py`` (about 15 s).
 """
 
@@ -22,7 +23,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.deps import missing
+
 ROOT = Path(__file__).resolve().parents[2]
+CLUSTER_EXTRA_WHEELS = ROOT / "build" / "wheelhouse" / "cluster-extra"
+"""The Makefile's CLUSTER_EXTRA_WHEELS: where ``make venv`` puts the [cluster] extra's wheels."""
 
 pytestmark = pytest.mark.integration
 
@@ -116,7 +121,10 @@ def test_the_cluster_extra_is_one_line_whose_command_adds_it_then_status_says_th
             f"{shlex.quote(str(installed))} -m pip install 'ddp-cluster[cluster]' [exit 2]"
         ), line
     assert not (tmp_path / "build").exists(), "the cluster's files were rendered although it cannot start"
-    added = _run(["bash", "-c", line.split(" extra): ", 1)[1].removesuffix(" [exit 2]")], tmp_path)  # from the index
+    if not any(CLUSTER_EXTRA_WHEELS.glob("docker-*.whl")):
+        missing(f"no Docker SDK wheel in {CLUSTER_EXTRA_WHEELS}: make venv downloads it")
+    command = line.split(" extra): ", 1)[1].removesuffix(" [exit 2]")  # the error line's own, offline
+    added = _run(["bash", "-c", command], tmp_path, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(CLUSTER_EXTRA_WHEELS))
     assert added.returncode == 0, added.stderr
     with _Engine(str(tmp_path / "engine.sock"), _Answer) as engine:
         engine.asked = []

@@ -15,6 +15,7 @@ class _Item:
 
     def __init__(self, gpu: bool) -> None:
         self.markers = [pytest.mark.gpu.mark] if gpu else []
+        self.nodeid = f"tests/unit/test_{'gpu' if gpu else 'cpu'}.py::test"
 
     def get_closest_marker(self, name: str):
         return next((m for m in self.markers if m.name == name), None)
