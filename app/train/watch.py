@@ -60,6 +60,8 @@ REPORT_GRACE_S = 3.0
 LOST_PEER_GRACE_S = 0.5
 """The same wait when a peer's connection was lost (closed, reset): the ranks still alive fail at once then,
 all but those left waiting on a rank that is itself in the roll call (they fail when it exits)."""
+NOT_YET = "not answered yet, on a node that answers (it may be waiting on this rank)"
+"""What a rank's line says of the silent ranks on a node that answers, when other ranks' whole node is gone."""
 _ALIVE = "ddp-cluster/alive/{}"
 """The store key under which a rank says it is still alive after a failed collective."""
 _LOST_PEER = re.compile(r"Connection (closed|reset)|Broken pipe")
@@ -325,10 +327,21 @@ class Watch:
             return f"{failed}; {self._on_hosts(stopped)} stopped: their launcher ended them (SIGTERM)"
         if not silent:
             return f"{failed}; every rank still answers: a rank too slow for --timeout, or the network"
+        silent, waiting = self._waiting_on_this_rank(silent, answered) if lost_peer(error) else (silent, [])
+        unsure = f"; {NOT_YET}: {self._on_hosts(waiting)}" if waiting else ""
         return (
             f"{self._on_hosts(silent)} stopped answering: {failed}; {len(answered)} of {self.world} ranks answer"
-            f"{self._where} (all had reached step {self.exchanged_at} at the last exchange)"
+            f"{self._where} (all had reached step {self.exchanged_at} at the last exchange){unsure}"
         )
+
+    def _waiting_on_this_rank(self, silent: list[int], answered: set[int]) -> tuple[list[int], list[int]]:
+        """After a lost peer: the silent ranks split into those on nodes of which no rank answers (gone with their
+        node) and those on nodes that answer, which may only wait on a rank that holds the roll call (this one: a
+        rank left waiting on a living peer fails when that peer leaves its collective, after the roll call). Where
+        no node is gone (a rank's own process ended, all nodes up), every silent rank is named, as before."""
+        answering = {self.hosts[r] for r in answered}
+        gone = [r for r in silent if self.hosts[r] not in answering]
+        return (gone, [r for r in silent if r not in gone]) if gone else (silent, [])
 
     def _on_hosts(self, ranks: list[int]) -> str:
         """``rank 0 on head and ranks 2-3 on worker``."""

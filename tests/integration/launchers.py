@@ -128,3 +128,16 @@ def run_slurm_style(
             raise
         results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
     return results
+
+
+def in_namespace(host: str, hosts_file: Path, cmd: list[str]) -> list[str]:
+    """``cmd`` in user, UTS and mount namespaces of its own: named ``host``, with ``hosts_file`` as its /etc/hosts
+    (this machine's network, and its files but that one)."""
+    if shutil.which("unshare") is None:
+        pytest.fail("unshare (util-linux) is missing: the nodes need host names of their own")
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--uts", "--mount", "true"], capture_output=True,
+                           text=True, timeout=30, check=False)  # fmt: skip
+    if probe.returncode:
+        pytest.skip(f"this machine refuses user namespaces ({probe.stderr.strip()}): three nodes need three host names")
+    script = 'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"'
+    return ["unshare", "--user", "--map-root-user", "--uts", "--mount", "sh", "-c", script, host, str(hosts_file), *cmd]

@@ -6,7 +6,6 @@ rank each, an elastic c10d job (--nnodes 2:3) with its store in a process of its
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from app import events, evict
-from tests.integration.launchers import _clean_env
+from tests.integration.launchers import _clean_env, in_namespace
 from tests.integration.test_node import FAULT_JOB, node_command, store_server, this_machines_address
 from tests.integration.train_runs import TIMEOUT, synthetic
 from tests.rigs.gate_figures import KEEP_OUT, LET_IN, set_figures
@@ -33,19 +32,6 @@ RETRY_S = 2
 """The evicted node's wait before its gate, then between its gate's judgments. Nothing races it: the gate keeps the
 node out until the test has seen the others' round without it (the job's figures set beyond any device), and the
 others hold their step until it is back (the world whole again)."""
-
-
-def in_namespace(host: str, hosts_file: Path, cmd: list[str]) -> list[str]:
-    """``cmd`` in user, UTS and mount namespaces of its own: named ``host``, with ``hosts_file`` as its /etc/hosts
-    (this machine's network, and its files but that one)."""
-    if shutil.which("unshare") is None:
-        pytest.fail("unshare (util-linux) is missing: the nodes need host names of their own")
-    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--uts", "--mount", "true"], capture_output=True,
-                           text=True, timeout=30, check=False)  # fmt: skip
-    if probe.returncode:
-        pytest.skip(f"this machine refuses user namespaces ({probe.stderr.strip()}): three nodes need three host names")
-    script = 'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"'
-    return ["unshare", "--user", "--map-root-user", "--uts", "--mount", "sh", "-c", script, host, str(hosts_file), *cmd]
 
 
 def test_a_slow_node_evicts_itself_the_others_go_on_at_the_same_global_batch_and_it_rejoins_once_healed(

@@ -11,11 +11,13 @@ import re
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.integration.launchers import ERROR_LINE, PYTHON, _clean_env
+from app.train import watch
+from tests.integration.launchers import ERROR_LINE, PYTHON, _clean_env, in_namespace
 from tests.integration.train_runs import TIMEOUT, metrics, synthetic
 
 pytestmark = pytest.mark.integration
@@ -74,6 +76,47 @@ def test_the_ranks_that_still_answer_name_the_one_that_stopped(tmp_path, stalled
         assert "2 of 3 ranks answer" in cause, cause
         # A stopped rank writes no flight-recorder dump: the line names it rather than saying nothing (issue 25).
         assert f"; flight recorder: no dump from rank {stalled} on {host} (a stopped or paused process" in cause
+
+
+def test_a_nodes_ranks_killed_every_rank_left_names_those_ranks_alone(tmp_path):
+    """Issue 36 item 4: ranks 0-1 on node ``head``, ranks 2-3 on node ``worker`` (a UTS namespace each, as on two
+    machines); the worker's ranks killed in step 7's all-reduce. Each rank of the head names ranks 2-3 on worker as
+    the ones that stopped answering, never a living rank: a head rank left waiting on the other one (which holds
+    its roll call) is only said not to have answered yet."""
+    hosts_file = tmp_path / "hosts"
+    hosts_file.write_text("127.0.0.1 localhost head worker\n")
+    train_args = synthetic(tmp_path / "out", "--train-samples", "2048", "--epochs", "1", "--batch-size", "8")
+    hooks = ["--marker", str(tmp_path / "fault.json"), "--fault-at-step", "6", "--fault-rank", "2", "--stall"]
+    procs = []
+    for rank in range(4):
+        env = _clean_env({"RANK": str(rank), "WORLD_SIZE": "4", "LOCAL_RANK": str(rank % 2), "LOCAL_WORLD_SIZE": "2"})
+        cmd = [PYTHON, str(JOB), *hooks, "--", *train_args, "--timeout", str(COLLECTIVE_TIMEOUT),
+               "--init-method", f"file://{tmp_path / 'rdzv'}"]  # fmt: skip
+        host = "head" if rank < 2 else "worker"
+        procs.append(subprocess.Popen(in_namespace(host, hosts_file, cmd), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))  # fmt: skip
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not (tmp_path / "fault.json").exists() and time.monotonic() < deadline and procs[0].poll() is None:
+            time.sleep(0.05)
+        assert (tmp_path / "fault.json").exists(), procs[0].communicate(timeout=TIMEOUT)[1][-3000:]
+        for worker in procs[2:]:
+            worker.send_signal(signal.SIGKILL)
+        results = [p.communicate(timeout=TIMEOUT) for p in procs[:2]]
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+    for rank, (proc, (_stdout, stderr)) in enumerate(zip(procs, results, strict=False)):
+        line = ERROR_LINE.match(stderr.splitlines()[-1])
+        assert proc.returncode == 1 and line, stderr[-3000:]
+        assert line["cause"].startswith("ranks 2-3 on worker stopped answering: the gradient all-reduce of step 7 "), (
+            rank, line["cause"])  # fmt: skip
+        assert " on head stopped" not in line["cause"] and "rank 0 on head" not in line["cause"].split("; ")[0], (
+            rank, line["cause"])  # fmt: skip
+        other = 1 - rank
+        if f"{watch.NOT_YET}: rank {other} on head" not in line["cause"]:  # it answered: it failed first, or at once
+            assert f"{4 - 2} of 4 ranks answer" in line["cause"], (rank, line["cause"])
 
 
 @pytest.mark.parametrize("slow", [1, 0])
