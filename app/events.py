@@ -69,6 +69,10 @@ and the world grows): not a failure. Its ranks, and the others', may report the 
 JOB_STARTED = "job_started"
 """The cluster runner started a job (``python -m app cluster up``): ``job`` (its name), ``launcher``, ``nodes``,
 ``nproc_per_node``. The records after it are that job's."""
+NODE_LOST = "node_lost"
+"""The cluster runner saw a node's container stop (killed, or died of a signal) and starts it again: ``lost`` (the
+container), ``exitcode``. Its ranks are gone, and the others' collectives fail: no node trains until the next
+exchange (``app cluster status``)."""
 JOB_ENDED = "job_ended"
 """The cluster runner's job ended: ``status`` (its exit status; None when the runner itself was stopped)."""
 RECORDED, KEPT_OUT, PASSED_AFTER, PASSED = "recorded", "kept_out", "passed_after", "passed"

@@ -18,7 +18,8 @@ cluster's job name) and ``node`` (the host name, as ``docker ps`` and the runner
     ddp_rank_wait_seconds               time per step waiting for the others (the gradients' all-reduce)
     ddp_rank_busy_ratio                 that over the median rank's (the slowest rank's is the straggler factor)
   per node
-    ddp_node_training                   1 while the node's ranks are in the job's last exchange
+    ddp_node_training                   1 while the node's ranks are in the job's last exchange, and no rank
+                                        failed since (0 for every node from a rank's failure to the next exchange)
     ddp_node_device_matmul_flops        its devices' matrix-product rate at its gate (FLOP/s; label ``device``)
     ddp_node_device_copy_bytes_per_second   its devices' copy rate at its gate (label ``device``)
     ddp_node_gate_kept_out              1 while its gate keeps it out
@@ -78,8 +79,9 @@ def families(job: str, node: str, records: list[dict], now: float) -> list[Any]:
     if exchange:
         _rank_families(job, exchange, gauge)
     known = sorted({*hosts, *(g.get("node") for g in gates if g.get("node"))} or {node})
+    training = ended is None and not state.recovering  # a rank failed since the last exchange: none trains
     gauge("node_training", "1 while the node's ranks are in the job's last exchange of step times.", job_labels,
-          [([job, name], float(ended is None and name in hosts)) for name in known])  # fmt: skip
+          [([job, name], float(training and name in hosts)) for name in known])  # fmt: skip
     for name, doc, value in (
         ("job_step", "Optimizer step at the last exchange of step times.", state.step),
         ("job_samples_per_second", "Training samples per second at the last exchange.", state.samples_per_s),

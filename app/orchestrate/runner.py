@@ -618,6 +618,7 @@ def _restart_node(run: Run, name: str, code: int, stop: threading.Event, by_dock
         run.say(f"cluster: {which} stopped with {describe_status(code)}; {left}{'; ' + going_on if going_on else ''}")
         return
     run.restarts += 1
+    events.write(events.NODE_LOST, events_file=compose.events_file(run.folder), lost=name, exitcode=code)
     run.failure(CONTAINER, f"{which} stopped with {describe_status(code)}")
     run.log(f"cluster: starting {name} again (container restart {run.restarts} of {limit})")
     if not by_docker:

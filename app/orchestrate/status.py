@@ -9,10 +9,14 @@ and end, rank 0 writes each exchange of step times, checkpoint and resize, the a
 gates their verdicts) and the engine's state of the project's containers. Nothing is asked of the job itself: a
 status never slows or stops it, and answers while the job is stuck.
 
-Each node's state: ``training`` (its ranks were in the last exchange), ``kept out`` (its gate keeps it out),
-``restarting`` (a rank of it failed since the last exchange, or its container is being started again), ``down``
-(its container does not run), ``joining`` (it runs and its ranks are not in an exchange yet) and ``idle`` (no
-job runs).
+Each node's state: ``training`` (its ranks were in the last exchange, and no rank of the job failed since),
+``kept out`` (its gate keeps it out), ``restarting`` (a rank of it failed, or its container was lost, since the
+last exchange and its gate's last word), ``down`` (its container does not run), ``joining`` (it runs and its ranks
+are not in an exchange since the job's last failure or regroup: they wait for the next rendezvous round, or at its
+gate) and ``idle`` (no job runs). A failure anywhere stops every rank (a collective needs them all), so after one
+no node reads ``training`` until the next exchange (nor while a node of the last exchange is down): the status
+shows recovery as soon as a rank's failure or the runner's restart of a container is an event, or a container's
+loss is the engine's state.
 """
 
 import json
@@ -24,6 +28,10 @@ from app import events
 TRAINING, KEPT_OUT, RESTARTING, DOWN, JOINING, IDLE = "training", "kept out", "restarting", "down", "joining", "idle"
 EVICTED = "evicted"
 """Taken out of the running job as a straggler (``events.EVICTED``), not yet back in an exchange."""
+STOPS_THE_RANKS = (events.WORKER_FAILED, events.RANK_ENDED, events.ERROR, events.NODE_LOST, events.REGROUP)
+"""Records after which no rank trains until the next exchange: a rank's process ended (its agent's word, or the
+rank's own), a rank's one-line error, a node's container lost (the runner's word), an agent stopping its ranks for
+a new member."""
 
 
 @dataclass
@@ -55,6 +63,8 @@ class Status:
     """``host``, ``rank``, ``factor`` (its busy time per step over the median) at the last exchange."""
     checkpoint: dict | None = None
     """The last checkpoint: ``step``, ``path``, ``age_s``."""
+    recovering: bool = False
+    """A rank failed (or the ranks regrouped) since the last exchange: no node trains until the next one."""
     restarts: int = 0
     """Times the job ran again after a failure (rank 0's resumes, less those after an eviction)."""
     resizes: int = 0
@@ -80,7 +90,7 @@ def fold(cluster: str, records: list[dict], containers: dict[str, str], now: flo
     status = Status(cluster, running=started is not None and ended is None)
     status.started = started["time"] if started else None
     status.ended_status = ended.get("status") if ended else None
-    last_exchange, failed_at, gates, evicted_at = None, {}, {}, {}
+    last_exchange, failed_at, gates, gated_at, evicted_at, stopped_at = None, {}, {}, {}, {}, 0.0
     for record in mine:
         kind = record.get("kind")
         if kind == events.EXCHANGE:
@@ -91,10 +101,13 @@ def fold(cluster: str, records: list[dict], containers: dict[str, str], now: flo
             status.resizes += 1
         elif kind == events.RESUMED:
             status.restarts += 1
-        elif kind == events.WORKER_FAILED:
-            failed_at[record.get("node")] = record["time"]
+        elif kind in STOPS_THE_RANKS:
+            stopped_at = record["time"]
+            if kind != events.REGROUP:
+                failed_at[record.get("lost") or record.get("node")] = record["time"]
         elif kind == events.GATE:
             gates[record.get("node")] = record.get("verdict")
+            gated_at[record.get("node")] = record["time"]
         elif kind == events.EVICTED:
             status.evictions += 1
             evicted_at[record.get("evicted")] = record["time"]
@@ -113,19 +126,21 @@ def fold(cluster: str, records: list[dict], containers: dict[str, str], now: flo
         status.slowest = {"host": last_exchange.get("slowest_host"), "rank": last_exchange.get("slowest_rank"),
                           "factor": round(factor, 2) if factor else None}  # fmt: skip
     exchanged_at = last_exchange["time"] if last_exchange else 0.0
+    lost = any(containers.get(host, "running") != "running" for host in hosts)  # a node of the last exchange is gone
+    status.recovering = status.running and (stopped_at > exchanged_at or lost)
     for name, container in containers.items():
         node = Node(name, container, ranks=[r for r, h in enumerate(hosts) if h == name])
         if not status.running:
             node.state = IDLE
         elif evicted_at.get(name, 0.0) > exchanged_at or (name in evicted_at and not node.ranks):
             node.state = EVICTED
-        elif container == "restarting" or failed_at.get(name, 0.0) > exchanged_at:
+        elif container == "restarting" or failed_at.get(name, 0.0) > max(exchanged_at, gated_at.get(name, 0.0)):
             node.state = RESTARTING
         elif container != "running":
             node.state = DOWN
         elif gates.get(name) == events.KEPT_OUT:
             node.state = KEPT_OUT
-        elif node.ranks:
+        elif node.ranks and not status.recovering:
             node.state = TRAINING
         else:
             node.state = JOINING

@@ -16,6 +16,7 @@ Run: ``DDP_TEST_IMAGE_NAME=... .venv/bin/python -m pytest tests/docker/test_faul
 import calendar
 import re
 import sys
+import threading
 import time
 import uuid
 
@@ -23,6 +24,8 @@ import pytest
 import torch
 
 from app import events
+from app.orchestrate import engine
+from app.orchestrate import status as job_status
 from app.topology.compose import STOP_GRACE_S  # the nodes stop within it once the store is gone
 from tests.rigs.faults.drive import COLLECTIVE_TIMEOUT, FINAL_STEP, OUT, FaultRun, explain
 
@@ -32,6 +35,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 FAULT_STEP = 25
 HOOKS = ["--fault-at-step", str(FAULT_STEP), "--fault-rank", "3", "--slow-ms", "500"]
+RECOVERING = {job_status.DOWN, job_status.RESTARTING, job_status.JOINING, job_status.KEPT_OUT, job_status.IDLE}
+"""What ``cluster status`` may read for a node between its loss and its ranks' next exchange."""
 RESUMED = re.compile(
     r"; resumed from step (?P<step>\d+) \(checkpoint /results/f/checkpoints/(step-\d{8}|emergency)\.pt\), "
     r"((?P<lost>\d+) steps? lost \(the failed attempt reached step (?P<reached>\d+)\)|no steps lost)$"
@@ -113,10 +118,44 @@ def test_a_killed_training_process_is_restarted_and_the_job_ends_as_if_nothing_h
     assert line.startswith(f"cluster: restart 1: rank 3 (local rank 1 on {worker}) ended with signal 9 (SIGKILL); ")
 
 
+class StatusPoller(threading.Thread):
+    """``cluster status``'s fold of the job's events and its containers' states, taken over and over while the job
+    runs (as ``python -m app cluster status`` does, in this process): each snapshot's nodes' states."""
+
+    def __init__(self, job: FaultRun) -> None:
+        super().__init__(daemon=True)
+        self.job, self.seen, self.done = job, [], threading.Event()
+
+    def run(self) -> None:
+        nodes = {self.job.container(service) for service in ("head", "worker")}
+        while not self.done.is_set():
+            containers = {name: state for name, state in engine.project_containers(self.job.project).items()
+                          if name in nodes}  # fmt: skip
+            found = job_status.fold(self.job.project, self.job.events(), containers, time.time())
+            self.seen.append({node.name: node.state for node in found.nodes})
+            self.done.wait(0.2)
+
+
 def test_a_killed_worker_container_is_started_again_and_the_job_ends_as_if_nothing_happened(fault_run, reference):
-    worker = fault_run.container("worker")
-    line = recovers(fault_run, reference, lambda *_: fault_run.engine.containers.get(worker).kill())
+    """Issue 36 item 3 too: ``cluster status`` polled throughout reads the worker training, then not (down,
+    restarting, joining or kept out), then training again; and whenever it reads the worker out, the head does not
+    read training either (a collective needs every rank)."""
+    worker, head = fault_run.container("worker"), fault_run.container("head")
+    poller = StatusPoller(fault_run)
+    poller.start()
+    try:
+        line = recovers(fault_run, reference, lambda *_: fault_run.engine.containers.get(worker).kill())
+    finally:
+        poller.done.set()
+        poller.join()
     assert line.startswith(f"cluster: restart 1: {worker} (ranks 2-3) stopped with signal 9 (SIGKILL); "), line
+    states = [seen[worker] for seen in poller.seen if worker in seen]
+    order = [state for i, state in enumerate(states) if i == 0 or states[i - 1] != state]
+    out = [i for i, state in enumerate(order) if state != job_status.TRAINING and "training" in order[:i]]
+    assert out and "training" in order[out[0] :], order  # training, out, training again
+    assert set(order[out[0] : order.index("training", out[0])]) <= RECOVERING, order
+    both = [seen for seen in poller.seen if seen.get(worker) in RECOVERING - {job_status.IDLE}]
+    assert both and not [seen for seen in both if seen.get(head) == job_status.TRAINING], both
 
 
 def test_a_paused_worker_is_named_and_after_unpause_the_job_resumes(fault_run, reference):

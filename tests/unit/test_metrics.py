@@ -109,6 +109,17 @@ def test_a_kept_out_node_says_so_and_trains_no_more() -> None:
     assert {labels[1] for name, labels in by_worker if name == "ddp_rank_busy_seconds"} == {("node", WORKER)}
 
 
+def test_from_a_ranks_failure_to_the_next_exchange_no_node_trains() -> None:
+    """Issue 36 item 3: the worker killed, the head's ranks fail (peers lost): the dead worker is not training,
+    nor is the head, until the next exchange."""
+    failed = [*RECORDS, _record(events.ERROR, T0 + 11, rank=0, line="", cause="", status=1, reason=events.PEERS_LOST)]
+    training = [("ddp_node_training", (("job", "c"), ("node", node))) for node in (HEAD, WORKER)]
+    found = _samples(_exposition(HEAD, failed, now=T0 + 12))
+    assert [found[key] for key in training] == [0.0, 0.0]
+    back = _samples(_exposition(HEAD, [*failed, _exchange(T0 + 14, 50, FOUR, [10.0] * 4)], now=T0 + 15))
+    assert [back[key] for key in training] == [1.0, 1.0]
+
+
 def test_served_over_http_and_a_port_in_use_is_one_line(tmp_path) -> None:
     file = tmp_path / "events.jsonl"
     for record in RECORDS:

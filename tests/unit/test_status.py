@@ -61,7 +61,7 @@ def test_a_failed_rank_a_gate_a_lost_container_and_a_resume_each_show() -> None:
         _exchange(T0 + 5, 20, FOUR, [10.0] * 4),
         _record(events.WORKER_FAILED, T0 + 6, node=WORKER, local_rank=1, exitcode=-9, message="", attempt=0),
     ]
-    assert [n.state for n in status.fold("c", records, RUNNING, T0 + 7).nodes] == ["training", "restarting"]
+    assert [n.state for n in status.fold("c", records, RUNNING, T0 + 7).nodes] == ["joining", "restarting"]
     gated = [*records, _record(events.GATE, T0 + 8, node=WORKER, verdict=events.KEPT_OUT, detail="")]
     gated += [_record(events.RESUMED, T0 + 9, rank=0, from_step=20), _exchange(T0 + 10, 40, [HEAD, HEAD], [10.0] * 2)]
     found = status.fold("c", gated, RUNNING, T0 + 11)
@@ -73,6 +73,44 @@ def test_a_failed_rank_a_gate_a_lost_container_and_a_resume_each_show() -> None:
     assert [n.state for n in status.fold("c", passed, RUNNING, T0 + 13).nodes] == ["training", "joining"]
     resized = [*passed, _record(events.RESIZE, T0 + 14, rank=0, **{"from": 2, "to": 4, "step": 40})]
     assert status.fold("c", resized, RUNNING, T0 + 15).resizes == 1
+
+
+def test_a_killed_worker_reads_down_restarting_joining_then_training_and_no_node_trains_meanwhile() -> None:
+    """Issue 36 item 3: the worker's container killed after the exchange of step 40. Each state shows as soon as
+    its cause is a fact (the engine's container state, a rank's event); no node reads training until the next
+    exchange, and the metrics say the same."""
+    run = [_record(events.JOB_STARTED, T0, node="host"), _exchange(T0 + 5, 40, FOUR, [10.0] * 4)]
+    seen = [status.fold("c", run, RUNNING, T0 + 6)]
+    seen.append(status.fold("c", run, {HEAD: "running", WORKER: "exited"}, T0 + 7))  # killed: the engine says so
+    run += [_record(events.ERROR, T0 + 7.1, rank=r, line="...", cause="...", status=1, reason=events.PEERS_LOST)
+            for r in (0, 1)]  # fmt: skip
+    seen.append(status.fold("c", run, {HEAD: "running", WORKER: "exited"}, T0 + 8))
+    run.append(_record(events.NODE_LOST, T0 + 8.5, node="host", lost=WORKER, exitcode=137))  # the runner's word
+    seen.append(status.fold("c", run, RUNNING, T0 + 9))  # started again: at its gate, then in the rendezvous
+    run.append(_record(events.GATE, T0 + 10, node=WORKER, verdict=events.KEPT_OUT, detail=""))
+    seen.append(status.fold("c", run, RUNNING, T0 + 11))
+    run.append(_record(events.GATE, T0 + 12, node=WORKER, verdict=events.PASSED_AFTER, detail=""))
+    seen.append(status.fold("c", run, RUNNING, T0 + 12.5))
+    run += [_record(events.RESUMED, T0 + 13, rank=0, from_step=40), _exchange(T0 + 14, 50, FOUR, [10.0] * 4)]
+    seen.append(status.fold("c", run, RUNNING, T0 + 15))
+    assert [[n.state for n in found.nodes] for found in seen] == [
+        ["training", "training"],
+        ["joining", "down"],
+        ["restarting", "down"],
+        ["restarting", "restarting"],
+        ["restarting", "kept out"],
+        ["restarting", "joining"],
+        ["training", "training"],
+    ]
+    assert [found.recovering for found in seen] == [False, True, True, True, True, True, False]
+
+
+def test_a_node_started_again_before_any_rank_said_it_failed_reads_restarting_not_training() -> None:
+    """The runner's word that it starts a lost container again comes before the ranks' (their roll call takes a
+    moment): the node it names, running again with its ranks still in the last exchange, is not training."""
+    run = [_record(events.JOB_STARTED, T0, node="host"), _exchange(T0 + 5, 40, FOUR, [10.0] * 4)]
+    run.append(_record(events.NODE_LOST, T0 + 6, node="host", lost=WORKER, exitcode=137))
+    assert [n.state for n in status.fold("c", run, RUNNING, T0 + 7).nodes] == ["joining", "restarting"]
 
 
 def test_only_the_last_job_counts_and_an_ended_job_is_idle() -> None:
