@@ -1,4 +1,4 @@
-"""Write a file so that readers see the old content or the new, never half of it."""
+"""Write or remove a file so that readers see the old content or the new, never half of it."""
 
 import os
 import tempfile
@@ -24,12 +24,24 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    dir_fd = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    _sync_folder(target.parent)
     return target
+
+
+def atomic_remove(path: str | os.PathLike) -> None:
+    """Remove ``path`` (one unlink: readers see the file whole or not at all) and make its absence durable."""
+    target = Path(path)
+    target.unlink()
+    _sync_folder(target.parent)
+
+
+def _sync_folder(folder: Path) -> None:
+    """fsync ``folder``: an entry renamed into it or removed from it stays so after a crash."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

@@ -10,7 +10,7 @@ The image's node entrypoint (docker/bin/ddp-node) runs it on every node before t
   first start    no record of this node (RECORDS/<host>.json) yet: it measures its devices as app check
                  does (app/diagnostics/health.py: n x n matrix products, a copy; --device-seconds each
                  device; every visible GPU, else the CPU) and records them, written atomically; it passes.
-                 Nodes that share the records folder measure one at a time (a lock in it: containers of
+                 Nodes that share the records folder measure one at a time (a flock on it: containers of
                  one machine started together read a third of a node alone when three measured at once
                  on two cores, and such a bar let a node at 0.3 CPU back in). The job's figures are the
                  best of its nodes' records, device by device (the nodes of a job are alike: the spec
@@ -58,8 +58,6 @@ from app.runtime.launcher import Launcher, Node, ProcessInfo
 
 TRANSFER_BYTES = 1 << 20
 """What a node sends to the rendezvous host and reads back before it rejoins (its link works, end to end)."""
-MEASURE_LOCK = ".measuring.lock"
-"""The records folder's lock file, held while a node measures (``alone``)."""
 KEPT_OUT = 3
 """Exit status of a node that the gate keeps out."""
 Rendezvous = tuple[str, int, bool]
@@ -136,14 +134,14 @@ def measure(seconds: float, folder: Path | None = None) -> list[health.DeviceHea
 
 @contextmanager
 def alone(folder: Path | None) -> Iterator[None]:
-    """Hold ``folder``'s MEASURE_LOCK (an exclusive flock; the folder made if missing): the nodes that share the
-    folder (the containers of one machine) measure one at a time, not under each other's load. A folder that
-    cannot be locked (read-only) measures without it."""
+    """Hold an exclusive flock on ``folder`` itself (made if missing; no lock file, so nothing is left behind): the
+    nodes that share the folder (the containers of one machine) measure one at a time, not under each other's
+    load. A folder that cannot be locked (read-only, a file system without flock on folders) measures without it."""
     fd = None
     if folder is not None:
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(folder / MEASURE_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
             fcntl.flock(fd, fcntl.LOCK_EX)
         except OSError:
             if fd is not None:

@@ -64,7 +64,7 @@ from app import contract, events, evict, flags, logs, progress
 from app.atomic import atomic_write_text
 from app.errors import ClusterError, UsageError
 from app.flags import flag
-from app.orchestrate import engine
+from app.orchestrate import collect, engine
 from app.orchestrate import status as job_status
 from app.topology import command as topology
 from app.topology import compose
@@ -847,11 +847,11 @@ def _failure(run: Run, status: int) -> str:
 
 
 def _collect(run: Run, elapsed: float) -> None:
-    """Copy the results volume home (through rank 0's node) and print the newest summary written during this job."""
-    results = run.results
-    results.mkdir(parents=True, exist_ok=True)
-    if not engine.copy_out(run.main_container, str(contract.RESULTS_DIR), results):
-        run.say(f"cluster: the results were not copied to {results}: {run.main_container}'s {contract.RESULTS_DIR} "
+    """Copy the results volume home (through rank 0's node: each run's folder as the job left it, ``collect``) and
+    print the newest summary written during this job."""
+    results, main = run.results, run.main_container
+    if not collect.bring_home(lambda into: engine.copy_out(main, str(contract.RESULTS_DIR), into), results):
+        run.say(f"cluster: the results were not copied to {results}: {main}'s {contract.RESULTS_DIR} "
                 f"could not be read; the volume {run.spec.job.name}_results keeps them until cluster-down")  # fmt: skip
         return
     fresh = [p for p in results.rglob("summary.json") if p.stat().st_mtime >= time.time() - elapsed - 5]

@@ -5,6 +5,7 @@ stopped by its launcher (SIGTERM, ``stop.Stop``) keeps its own.
     line += snapshot.write(trainer)                         # the lowest rank that answered writes it, if they agree
     tail = snapshot.keep(trainer)                           # stopped at a step boundary: rank 0 writes it
     found = snapshot.newer(out, step)                       # at a resume (rank 0): (state, path) when newer
+    gone = snapshot.retire(out, step)                       # the job finished (rank 0): the step it dropped
 
 Under DDP every rank holds the whole state after each optimizer step: parameters, optimizer,
 sampler position (epoch, batch, step). A collective that fails (a peer lost, a timeout) leaves the
@@ -23,13 +24,15 @@ disagreement kept nothing, and ``make bench-faults`` lost 1,292 and 1,420 steps 
 Nothing is written when a hook holds per-rank state (PowerSGD): the error line says so, and the
 restart takes the last checkpoint. A snapshot that does not load (torn, foreign) or was made by
 another kind of run is set aside with one line, and the restart takes the last checkpoint.
+A job that finishes leaves no snapshot its final checkpoint supersedes: once that checkpoint is on disk
+and reads back whole, rank 0 removes a snapshot of its step or older (one unlink, then the folder's fsync).
 RNG: the writer's generator state only (the lost ranks' are gone); exact for training that draws
 no random numbers (the MLP and CNN here), as every resume of this app is checked to be.
 """
 
 from pathlib import Path
 
-from app.atomic import atomic_write_bytes
+from app.atomic import atomic_remove, atomic_write_bytes
 from app.errors import UsageError
 from app.train import checkpoint, comm_hooks, sync
 
@@ -92,3 +95,22 @@ def newer(out: Path, step: int, identity: dict) -> tuple[dict, str] | None:
     if state.get("step", -1) <= step:
         return None
     return state, str(path)
+
+
+def retire(out: Path, step: int) -> int | None:
+    """The job finished with its final checkpoint of ``step``: remove the snapshot when that checkpoint reads back
+    whole and the snapshot is of ``step`` or older. The snapshot's step when it is removed; else None (none there,
+    the checkpoint missing or torn, or a snapshot newer or unreadable: it stays for ``newer`` to judge)."""
+    path = path_of(out)
+    if not path.is_file():
+        return None
+    try:
+        if checkpoint.load(checkpoint.path_for(out, step)).get("step") != step:
+            return None
+        kept = checkpoint.load(path).get("step", step + 1)
+        if kept > step:
+            return None
+        atomic_remove(path)
+    except (UsageError, OSError):
+        return None
+    return kept

@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from app import progress
 from app.errors import UsageError, first_line
 from app.runtime.distributed import DistContext
-from app.train import auto, checkpoint, comm_hooks, flops, graphs, models, sync, watch
+from app.train import auto, checkpoint, comm_hooks, flops, graphs, models, snapshot, sync, watch
 from app.train import precision as amp
 from app.train.config import TrainConfig
 from app.train.data import Dataset
@@ -376,6 +376,11 @@ class Trainer:
         self._saved_at = time.monotonic()
         self.watch.window.idle += time.perf_counter() - start
 
+    def _retire_snapshot(self) -> None:
+        """The job finished (rank 0): remove the emergency snapshot that its final checkpoint, read back, supersedes."""
+        if self.ctx.proc.is_main and (kept := snapshot.retire(self.cfg.output.out, self.pos.step)) is not None:
+            self.reporter.event("snapshot_removed", step=kept, checkpoint_step=self.pos.step)
+
     # --- the loop -------------------------------------------------------------------------------
 
     def _run_batch(self, x: torch.Tensor, y: torch.Tensor, sync: bool, weight: float) -> torch.Tensor:
@@ -576,6 +581,7 @@ class Trainer:
                 self._save()
         if self._saved_step != self.pos.step:
             self._save()
+        self._retire_snapshot()
         if self.progress is not None:
             self.progress.close()
         return self._summary(record or self.evaluate(), run_rates(epochs))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from app import progress
+from app.train import checkpoint
 from app.train.stop import STATUS, STOP_GRACE_S
 from tests.integration.launchers import PYTHON, _clean_env
 from tests.integration.train_runs import (
@@ -17,6 +18,7 @@ from tests.integration.train_runs import (
     metrics,
     run_ranks,
     same_final_params,
+    summary,
     synthetic,
     train,
     train_torchrun_restarting,
@@ -50,11 +52,17 @@ def test_the_survivors_keep_the_last_step_and_the_job_resumes_from_it_exactly(tm
 
 
 def resumes_exactly(crashed: Path, reference: Path, tmp_path: Path, step: int) -> None:
-    """The job run again resumes from the snapshot of ``step``, loses nothing and ends as ``reference``."""
+    """The job run again resumes from the snapshot of ``step``, loses nothing and ends as ``reference``; finished,
+    it leaves no snapshot beside its final checkpoint, which loads."""
     snapshot = crashed / "checkpoints" / "emergency.pt"
     again = train(2, synthetic(crashed, *CHECKPOINTED, "--resume", "auto"), tmp_path)
     assert f"train: resumed from step {step} (checkpoint {snapshot}), no steps lost" in again.stdout, again.stdout
     same_final_params(reference, crashed)
+    end = summary(crashed)["step"]
+    assert not snapshot.exists(), sorted(p.name for p in snapshot.parent.iterdir())
+    assert checkpoint.load(checkpoint.path_for(crashed, end))["step"] == end
+    [removed] = [m for m in metrics(crashed) if m["event"] == "snapshot_removed"]
+    assert (removed["step"], removed["checkpoint_step"]) == (step, end), removed
 
 
 def test_a_process_killed_under_torchrun_loses_no_step(tmp_path: Path, reference: Path) -> None:

@@ -7,6 +7,7 @@ reaches)."""
 import fcntl
 import itertools
 import json
+import os
 import re
 import socket
 import threading
@@ -76,13 +77,17 @@ def test_nodes_that_share_the_records_folder_measure_one_at_a_time(tmp_path, mon
     monkeypatch.setattr(gate.health, "measure", lambda device, seconds: measured.set() or cpu(80e9))
     folder = tmp_path / "gate"
     folder.mkdir()
-    with (folder / gate.MEASURE_LOCK).open("w") as held:
+    held = os.open(folder, os.O_RDONLY)
+    try:
         fcntl.flock(held, fcntl.LOCK_EX)
         other = threading.Thread(target=gate.measure, args=(1.0, folder))
         other.start()
         assert not measured.wait(1.0), "measured while another node held the lock"
+    finally:
+        os.close(held)
     other.join(60)
     assert measured.is_set()
+    assert list(folder.iterdir()) == []  # the lock is the folder's own: no lock file left behind
     measured.clear()
     assert gate.measure(1.0) == [cpu(80e9)] and measured.is_set()  # no folder: measured without a lock
 

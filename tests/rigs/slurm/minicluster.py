@@ -41,6 +41,7 @@ import requests
 from app import cli
 from app.atomic import atomic_write_text
 from app.errors import ClusterError, UsageError, exit_status_of
+from app.orchestrate import collect
 from app.orchestrate import engine as docker_engine
 from app.topology import command as topology
 from app.topology import compose, slurm
@@ -273,8 +274,7 @@ def _summary(mc: MiniCluster, script: str) -> None:
 
 
 def _copy_results(mc: MiniCluster, results: Path) -> None:
-    results.mkdir(parents=True, exist_ok=True)
-    if not docker_engine.copy_out(mc.container, "/results", results):
+    if not collect.bring_home(lambda into: docker_engine.copy_out(mc.container, "/results", into), results):
         raise ClusterError(f"could not copy /results of {mc.project}'s controller to {results}")
     _say(f"results in {results} (the volume {mc.project}_results keeps them until make slurm-down)")
 
