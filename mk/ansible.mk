@@ -32,9 +32,14 @@ ansible-clean: venv ## Remove the controller's saved image tarballs (image_cache
 deploy: venv ## Run ansible/deploy.yml on INVENTORY (provision, ship the image, check, train).
 	$(PY) -m app deploy -i $(INVENTORY) $(DEPLOY_ARGS)
 
+# The inventory of the node containers that ansible-nodes-up started (ANSIBLE_NODES_PREFIX, ANSIBLE_NODES).
+LOCAL_INVENTORY = build/ansible/$(ANSIBLE_NODES_PREFIX)-nodes.yml
+
 .PHONY: deploy-local
 deploy-local: venv image-cpu ansible-nodes-up ## Fresh node containers, then the full deploy onto them (summary in runs/ansible/).
-	$(PY) -m app deploy -i ansible/inventory/local-nodes.yml $(DEPLOY_ARGS)
+	@mkdir -p $(dir $(LOCAL_INVENTORY))
+	$(PY) tests/rigs/nodes/nodes.py inventory --prefix $(ANSIBLE_NODES_PREFIX) --nodes $(ANSIBLE_NODES) > $(LOCAL_INVENTORY)
+	$(PY) -m app deploy -i $(LOCAL_INVENTORY) $(DEPLOY_ARGS)
 
 .PHONY: ansible-collections
 ansible-collections: venv ## Install the pinned collections into ansible/collections (needs Galaxy; the ansible package bundles them).

@@ -47,6 +47,9 @@ NO_DEVICE_VERDICT = "--device-seconds 0"
 """The checks of these tests judge no device (the verify role's too): on this loaded machine equal nodes read up to 2x
 apart (run24: node1's copy speed 2.0x below node0's failed the uneven-nodes job); test_measure.py judges the verdict
 on a node slowed by a set factor, and tests/unit/test_health.py on recorded figures."""
+SCRAPE_FILE = "runs-not-made-yet/prometheus-scrape.yml"
+"""Where the deploy writes the scrape configuration, in a folder that does not exist yet (as runs/ansible in a fresh
+clone: the play makes it)."""
 VERIFY_REPORT = "{{ cluster_spec_given.paths.results }}/{{ verify_app_check_report }}"
 """Where the verify role's check writes its report (its default, ansible/roles/verify/defaults/main.yml)."""
 
@@ -66,7 +69,7 @@ def deployed(node_cluster: dict, tmp_path_factory: pytest.TempPathFactory) -> di
     job = {"name": "train", "image": node_cluster["image"], "command": "train --epochs 3 --out /results"}
     extravars = {"launch_fetch_dir": str(work / "runs"), "image_cache_dir": str(work / "images"),
                  "launch_ssh_key_dir": str(work / "ssh"), "image_build_command": "",
-                 "cluster_config_scrape_file": str(work / "prometheus-scrape.yml"),
+                 "cluster_config_scrape_file": str(work / SCRAPE_FILE),
                  "verify_app_check_command": f"check {NO_DEVICE_VERDICT} --json {VERIFY_REPORT}",
                  "cluster_spec": {"job": job}}  # fmt: skip
     dry = run_playbook(DEPLOY, node_cluster["inventory"], extravars, cmdline="--check")
@@ -140,7 +143,7 @@ def test_every_node_serves_its_metrics_from_its_own_events_and_the_scrape_config
         events = node_exec(name, "cat", "/var/lib/ddp-cluster/runs/train/events.jsonl")
         records = [json.loads(line) for line in events.splitlines()]
         assert {r["node"] for r in records if r["kind"] == "gate"} == {host}, records
-    scrape = yaml.safe_load((deployed["work"] / "prometheus-scrape.yml").read_text())
+    scrape = yaml.safe_load((deployed["work"] / SCRAPE_FILE).read_text())
     assert scrape["scrape_configs"] == [
         {
             "job_name": "train",

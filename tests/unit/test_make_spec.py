@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.deps import need
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -75,3 +77,17 @@ def test_make_tells_the_cluster_command_that_make_started_it(bin_dir):
     done = make(bin_dir, "-n", "cluster-down", "CLUSTER=x")
     assert done.returncode == 0, done
     assert " -m app cluster down --make " in done.stdout and "--name 'x'" in done.stdout
+
+
+def test_deploy_local_deploys_to_the_node_containers_it_started(bin_dir, tmp_path):
+    """Issue 35: ``make deploy-local ANSIBLE_NODES_PREFIX=hb`` started hb-node* and deployed to the ddp-node* that
+    local-nodes.yml names; now it deploys with the inventory of the nodes it started."""
+    done = make(bin_dir, "-n", "deploy-local", "ANSIBLE_NODES_PREFIX=hb", "ANSIBLE_NODES=3")
+    assert done.returncode == 0, done
+    assert "nodes.py up --prefix hb --nodes 3" in done.stdout, done.stdout
+    assert "nodes.py inventory --prefix hb --nodes 3 > build/ansible/hb-nodes.yml" in done.stdout, done.stdout
+    assert " -m app deploy -i build/ansible/hb-nodes.yml" in done.stdout, done.stdout
+    listed = subprocess.run([sys.executable, "tests/rigs/nodes/nodes.py", "inventory", "--prefix", "hb", "--nodes",
+                             "3"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    hosts = need("yaml").safe_load(listed.stdout)["all"]["children"]["ddp_cluster"]["hosts"]
+    assert list(hosts) == ["hb-node0", "hb-node1", "hb-node2"], listed.stdout
