@@ -11,10 +11,12 @@ SLURM_IMAGE ?= $(IMAGE_NAME)-slurm:bookworm
 LAUNCHER ?=
 # The job that slurm-cancel cancels (empty: every job named after the spec's job name, CLUSTER).
 SLURM_JOBID ?=
+# slurm-up: slurm.conf's SlurmdTimeout, seconds before a silent node is DOWN (empty: the rig's, 60).
+SLURMD_TIMEOUT ?=
 
 # The rig talks to the engine through the Docker SDK for Python, as the cluster runner does (ENGINE_PYTHON).
 SLURM_RUN = $(ENGINE_PYTHON) -m tests.rigs.slurm.minicluster $(1) --image $(SLURM_IMAGE) --results $(RESULTS) \
-	$(call knob,--job-id,$(SLURM_JOBID)) -- $(SPEC_FLAGS) $(call knob,--launcher,$(LAUNCHER))
+	$(call knob,--job-id,$(SLURM_JOBID)) $(call knob,--slurmd-timeout,$(SLURMD_TIMEOUT)) -- $(SPEC_FLAGS) $(call knob,--launcher,$(LAUNCHER))
 
 .PHONY: slurm-image
 slurm-image: image-cpu ## Build the Slurm mini-cluster's image (the workload image + Slurm 22.05 + munge).

@@ -13,8 +13,10 @@ Two styles, chosen by the spec's ``job.launcher``:
   of the allocation (``scontrol show hostnames "$SLURM_JOB_NODELIST"``), the job id as the
   rendezvous id, and restart the workers up to ``max_restarts`` times. The srun style starts each
   rank once (``max_restarts`` does not apply; ``--requeue`` restarts the whole job). With
-  ``min_nodes`` below ``nodes`` the agents take ``--nnodes MIN:MAX``, the batch job ``--no-kill`` and
-  srun ``--kill-on-bad-exit=0``: a node lost leaves the others training.
+  ``min_nodes`` below ``nodes`` the agents take ``--nnodes MIN:MAX``, the batch job ``--no-kill`` (the allocation
+  outlives a node's failure) and srun ``--kill-on-bad-exit=0 --no-kill`` (so does the step: without srun's own
+  ``--no-kill`` Slurm kills every step on a failed node, the survivors' agents with it): a node lost leaves the
+  others training, and the job completes when they do.
 - ``srun``: one Slurm task per rank (``srun --mpi=pmi2``, the spec's ``slurm.mpi``); every process
   describes itself from SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID and SLURM_JOB_NODELIST
   (app/runtime/launcher.py), the first node serving the rendezvous.
@@ -135,8 +137,11 @@ def _environment(spec: ClusterSpec) -> list[str]:
 def _torchrun_body(spec: ClusterSpec) -> list[str]:
     nodelist = envvars.SLURM_JOB_NODELIST[0]
     endpoint, run_id = Shell('"$head:$port"'), Shell(f'"${envvars.SLURM_JOB_ID}"')
-    # all or none: one agent that gives up ends the step; elastic (--min-nodes): the other agents go on
-    srun = ["srun", "--ntasks-per-node=1", f"--kill-on-bad-exit={0 if spec.nodes.elastic else 1}"]
+    # all or none: one agent that gives up ends the step. Elastic (--min-nodes): the other agents go on, and a node
+    # that fails leaves the step running on the rest: sbatch's --no-kill keeps the allocation but not its steps, which
+    # Slurm kills at a node's failure unless srun asks --no-kill itself (sbatch(1), --no-kill)
+    elastic = ["--kill-on-bad-exit=0", "--no-kill"] if spec.nodes.elastic else ["--kill-on-bad-exit=1"]
+    srun = ["srun", "--ntasks-per-node=1", *elastic]
     # the gate (its figures this job's own, on each node: a later job records afresh), then torchrun's agent (which
     # evicts its own node when it is a straggler, where the job is elastic)
     records = Shell(f'--records="/tmp/{spec.job.name}-${envvars.SLURM_JOB_ID}.gate"')

@@ -72,7 +72,9 @@ def test_min_nodes_lets_the_other_agents_go_on() -> None:
     elastic = slurm.render_script(
         spec.build({"nodes": {"nodes": 3, "min_nodes": 2}, "job": {"command": "train --accum-steps 2"}})
     )
-    assert "--nnodes=2:3 " in elastic and "--kill-on-bad-exit=0" in elastic and "#SBATCH --no-kill" in elastic
+    assert "--nnodes=2:3 " in elastic and "#SBATCH --no-kill" in elastic
+    # the allocation and the step both outlive a node (sbatch's --no-kill alone leaves Slurm killing the step)
+    assert "exec srun --ntasks-per-node=1 --kill-on-bad-exit=0 --no-kill \\\n" in elastic, elastic
 
 
 def test_an_elastic_job_gives_every_nodes_agent_the_straggler_policy_a_fixed_one_none() -> None:

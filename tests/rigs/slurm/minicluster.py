@@ -71,6 +71,8 @@ class MiniCluster:
     image: str
     container: str = ""
     """The running controller container (``attach`` finds it)."""
+    slurmd_timeout: int = slurmconf.SLURMD_TIMEOUT_S
+    """slurm.conf's SlurmdTimeout, which `up` renders."""
 
     @property
     def project(self) -> str:
@@ -83,7 +85,7 @@ class MiniCluster:
 
     def render(self) -> None:
         """Render the mini-cluster's files once, on the host."""
-        for name, text in slurmconf.cluster_files(self.spec).items():
+        for name, text in slurmconf.cluster_files(self.spec, self.slurmd_timeout).items():
             atomic_write_text(self.folder / name, text)
 
     def compose(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
@@ -91,7 +93,7 @@ class MiniCluster:
         nodes = self.folder / slurmconf.NODES_FILE
         if not nodes.is_file():
             self.render()
-        env = {**os.environ, **slurmconf.compose_env(self.spec, self.image, self.folder)}
+        env = {**os.environ, **slurmconf.compose_env(self.spec, self.image, self.folder, self.slurmd_timeout)}
         files = ["-f", str(COMPOSE_FILE), "-f", str(nodes)]
         cmd = ["docker", "compose", *files, "-p", self.project, *args]
         return _run(cmd, timeout, check, env=env)
@@ -345,13 +347,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image", required=True, help="the mini-cluster's image (make slurm-image builds it)")
     parser.add_argument("--results", type=Path, help="job: the host folder that /results is copied to (make: RESULTS)")
     parser.add_argument("--job-id", help="cancel: this job (default: every job of the spec's job name)")
+    parser.add_argument(
+        "--slurmd-timeout",
+        type=int,
+        default=slurmconf.SLURMD_TIMEOUT_S,
+        help="up: slurm.conf's SlurmdTimeout, seconds before a silent node is DOWN (make: SLURMD_TIMEOUT)",
+    )
     args = parser.parse_args(ours)
     return exit_status_of(lambda: _act(args, spec_flags))
 
 
 def _act(args: argparse.Namespace, spec_flags: list[str]) -> int:
     spec_parser, _ = cli.build_parser("topology")
-    mc = MiniCluster(topology.spec_from_args(spec_parser.parse_args(spec_flags)), args.image)
+    spec = topology.spec_from_args(spec_parser.parse_args(spec_flags))
+    mc = MiniCluster(spec, args.image, slurmd_timeout=args.slurmd_timeout)
     if args.action == "job":
         if args.results is None:
             raise UsageError("job copies /results to the host: give --results DIR (make slurm-job gives RESULTS)")

@@ -30,6 +30,10 @@ REAL_MEMORY_MB = 1024
 """Each node's RealMemory: below what any container sees, so slurmd never drains a node for it."""
 DEFAULT_PARTITION = "batch"
 """The mini-cluster's partition when the spec names none."""
+SLURMD_TIMEOUT_S = 60
+"""slurm.conf's SlurmdTimeout: seconds slurmctld waits for a silent slurmd before it marks the node DOWN and
+fails what runs there (Slurm's own default: 300). A test that kills a node lowers it (make slurm-up
+SLURMD_TIMEOUT=20) to be done sooner."""
 MPI_PLUGINS = ("pmi2", "pmix", "none")
 """srun's MPI plugins in Debian bookworm's Slurm 22.05 (srun --mpi=list)."""
 
@@ -59,7 +63,7 @@ def check(spec: ClusterSpec) -> None:
         raise UsageError(f"--mpi {spec.slurm.mpi}: the mini-cluster's srun has {', '.join(MPI_PLUGINS)}")
 
 
-def compose_env(spec: ClusterSpec, image: str, folder: Path) -> dict[str, str]:
+def compose_env(spec: ClusterSpec, image: str, folder: Path, slurmd_timeout: int = SLURMD_TIMEOUT_S) -> dict[str, str]:
     """The variables tests/rigs/slurm/compose.yaml reads (the driver runs compose with them), for the files
     rendered into ``folder``.
 
@@ -71,13 +75,13 @@ def compose_env(spec: ClusterSpec, image: str, folder: Path) -> dict[str, str]:
         "COMPOSE_PROJECT_NAME": project(spec),
         "SLURM_IMAGE": image,
         "SLURM_FILES": os.fspath(Path(folder).resolve()),
-        "SLURM_CONF_DIGEST": hashlib.sha256(slurm_conf(spec).encode()).hexdigest()[:16],
+        "SLURM_CONF_DIGEST": hashlib.sha256(slurm_conf(spec, slurmd_timeout).encode()).hexdigest()[:16],
         "STOP_GRACE": f"{compose.STOP_GRACE_S}s",
         "SHM_SIZE": compose.SHM_SIZE,
     }
 
 
-def slurm_conf(spec: ClusterSpec) -> str:
+def slurm_conf(spec: ClusterSpec, slurmd_timeout: int = SLURMD_TIMEOUT_S) -> str:
     """slurm.conf: one controller, the nodes sized for the spec, one partition; no accounting daemon."""
     check(spec)
     names = node_names(spec)
@@ -108,7 +112,7 @@ def slurm_conf(spec: ClusterSpec) -> str:
         "ReturnToService": "2",
         # sbatch refuses a job larger than the partition, rather than queueing it for ever.
         "EnforcePartLimits": "ALL",
-        "SlurmdTimeout": "60",
+        "SlurmdTimeout": str(slurmd_timeout),
         "InactiveLimit": "0",
         "KillWait": "10",
         # No slurmdbd, so no sacct: a finished job stays in `scontrol show job` for 10 minutes.
@@ -140,10 +144,10 @@ def nodes_file(spec: ClusterSpec) -> str:
     )
 
 
-def cluster_files(spec: ClusterSpec) -> dict[str, str]:
+def cluster_files(spec: ClusterSpec, slurmd_timeout: int = SLURMD_TIMEOUT_S) -> dict[str, str]:
     """What the host renders: what the init service copies into /etc/slurm, and the nodes' compose file."""
     return {
-        "slurm.conf": slurm_conf(spec),
+        "slurm.conf": slurm_conf(spec, slurmd_timeout),
         "nodenames": "".join(f"{name}\n" for name in node_names(spec)),
         NODES_FILE: nodes_file(spec),
     }
