@@ -10,6 +10,7 @@ import json
 import re
 import signal
 import socket
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -129,9 +130,11 @@ def test_the_slowest_rank_is_named_in_metrics_and_on_the_console(tmp_path, slow)
     assert [p.returncode for p in procs] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
     ranks = [m for m in metrics(out) if m["event"] == "ranks"]
     assert [m["step"] for m in ranks] == [5, 10, 15, 20, 25, 30, 35, 40], ranks
-    # The sleeping rank is busy ~200 ms longer per step; every other rank waits for it in the all-reduce.
+    # The sleeping rank is busy ~200 ms longer per step; every other rank waits for it in the all-reduce (its wait
+    # is not busy time). Judged on the median exchange: a stall of the machine can lengthen one exchange's steps of
+    # the other rank by 100 ms or more (seen beside three container tests), not most of them.
     assert all(m["slowest_rank"] == slow and m["slowest_host"] == socket.gethostname() for m in ranks), ranks
-    assert all(m["busy_ms"][slow] > m["busy_ms"][1 - slow] + 100 for m in ranks), ranks
+    assert statistics.median(m["busy_ms"][slow] - m["busy_ms"][1 - slow] for m in ranks) > 100, ranks
     said = [line for line in results[0][0].splitlines() if "(a straggler)" in line]
     assert len(said) == 1 and said[0].startswith(f"train: rank {slow} on "), results[0][0][-3000:]
 
