@@ -92,8 +92,9 @@ test-unit: venv ## Unit tests only (seconds).
 # make test's pytest workers (pytest-xdist): the container suites wait on the engine most of the time, so they run
 # beside the process suites; a module's tests stay on one worker (--dist loadscope), and modules are handed out in
 # the order tests/conftest.py:mixed_modules gives (container and process modules interleaved, unit tests last), not
-# by their number of tests (xdist's default put the container modules last, all three workers waiting on the engine
-# first, then all computing). Four workers: two cores, and at any time about half the tests wait.
+# by their number of tests (xdist's default put the container modules last: the workers waited on the engine first,
+# then all computed). Four workers: the quiet run's pytest time is that of three (both cores stay busy), and beside
+# other load more of the CPU goes to the tests (tests/README.md, make test's time).
 TEST_WORKERS ?= 4
 # Each test's time, for the tables in tests/README.md: the 40 slowest on the terminal, all of them in the report.
 TEST_REPORT = --durations=40 --junitxml=build/logs/test-report.xml
