@@ -78,6 +78,9 @@ JOB_ENDED = "job_ended"
 RECORDED, KEPT_OUT, PASSED_AFTER, PASSED = "recorded", "kept_out", "passed_after", "passed"
 """A gate's verdicts: its figures recorded at the job's start; kept out; let in after being kept out; let in at
 once."""
+GATE_LINES_SAID_AGAIN = ("gate: kept out: ", "gate: still kept out, now by: ", "gate: passed after ")
+"""The starts of a gate's own lines for the verdicts that the cluster runner says again naming the node (KEPT_OUT,
+PASSED_AFTER): the runner leaves them out of the head's output that it prints, so that each verdict is one line."""
 
 
 def write(kind: str, rank: int | None = None, events_file: str | os.PathLike | None = None, **fields: object) -> None:

@@ -25,7 +25,8 @@ The image's node entrypoint (docker/bin/ddp-node) runs it on every node before t
                  --fail-below x the job's, or a failed check, keeps the node out with one line:
                  ``gate: kept out: device check 4.1 GFLOP/s against the job's 36.2 (fail below 0.5)``
 
-With --retry-every S the node kept out says so once and is judged again every S seconds, in the
+With --retry-every S the node kept out says so once (and again when another check keeps it out:
+``gate: still kept out, now by: transfer check: ...``) and is judged again every S seconds, in the
 same process, against the records as they are then (a record rewritten since counts), until it passes
 (``gate: passed after 40 s kept out: ...``); ddp-node then starts
 torchrun, whose agent joins the job's next rendezvous round (the running agents restart their
@@ -280,6 +281,12 @@ def judge(
     return Judged(shortfall(figures, start, cfg.fail_below), figures, moved)
 
 
+def check_of(why: str) -> str:
+    """The check that a keep-out line names (``device check``, ``transfer check:``, ``doctor's port``): a node kept
+    out by another check than the one its line named is said again; the same check with new figures is not."""
+    return " ".join(why.split()[:2])
+
+
 def passed(judged: Judged, start: list[health.DeviceHealth], took: str) -> str:
     return f"gate: passed {took}: {judged_figures(judged, start)}"
 
@@ -330,13 +337,18 @@ def admit(cfg: GateConfig, where: Rendezvous | None, rejoining: bool = False) ->
         return
     if not cfg.retry_every:
         raise ClusterError(f"{mine.host} kept out: {judged.why}", KEPT_OUT)
-    print(f"gate: kept out: {judged.why}; tried again every {cfg.retry_every:g} s", flush=True)
+    kept_line, still_line, _ = events.GATE_LINES_SAID_AGAIN
+    print(f"{kept_line}{judged.why}; tried again every {cfg.retry_every:g} s", flush=True)
     gate_event(events.KEPT_OUT, judged.why, judged.figures, retry_every=cfg.retry_every)
-    kept = time.monotonic()
+    kept, said = time.monotonic(), check_of(judged.why)
     while judged.why is not None:
         time.sleep(cfg.retry_every)
         start = job_figures(read_record(path) or start, read_records(cfg.records))  # the records as they are now
         judged = judge(cfg, mine, where, start, rejoining)
+        if judged.why is not None and check_of(judged.why) != said:  # kept out now by another check: say which
+            said = check_of(judged.why)
+            print(f"{still_line}{judged.why}", flush=True)
+            gate_event(events.KEPT_OUT, judged.why, judged.figures, retry_every=cfg.retry_every)
     waited = round(time.monotonic() - kept)
     print(passed(judged, start, f"after {waited} s kept out"), flush=True)
     gate_event(events.PASSED_AFTER, judged_figures(judged, start), judged.figures, waited=waited)

@@ -189,6 +189,30 @@ def test_a_node_kept_out_is_judged_again_against_the_records_as_they_are_then(tm
     assert next(tries) == 2  # two waits: still kept out after the first, passed after the second
 
 
+def test_a_node_kept_out_by_another_check_than_its_line_named_says_so_once(tmp_path, monkeypatch, capsys) -> None:
+    """A node first kept out by its device check, then by its transfer check (the rendezvous went away), says the new
+    check once, in a line and an event; the same check with new figures is not said again."""
+    cfg = GateConfig(records=tmp_path / "gate", device_seconds=0.2, retry_every=0.01)
+    monkeypatch.setattr(gate, "measure", lambda *_: [cpu(50e9)])
+    gate.admit(cfg, None)  # first start: recorded at 50 GFLOP/s
+    [path] = cfg.records.glob("*.json")
+    path.write_text(path.read_text().replace("50000000000.0", "1e+18"))  # the job's figure: no device reaches it
+    why = iter(["device check 51.0 GFLOP/s ...", "transfer check: 1 MiB to head:29400 and back: failed (reset)",
+                "transfer check: 1 MiB to head:29400 and back: failed (refused)", None])  # fmt: skip
+    monkeypatch.setattr(gate, "judge", lambda *_args: gate.Judged(next(why), [cpu(50e9)]))
+    monkeypatch.setattr(gate.time, "sleep", lambda _seconds: None)
+    written = []
+    monkeypatch.setattr(gate.events, "write", lambda kind, **fields: written.append(fields))
+    capsys.readouterr()
+    gate.admit(cfg, None)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("gate: kept out: device check 51.0 GFLOP/s")
+    assert lines[1] == "gate: still kept out, now by: transfer check: 1 MiB to head:29400 and back: failed (reset)"
+    assert lines[2].startswith("gate: passed after ") and len(lines) == 3, lines
+    verdicts = [(w["verdict"], w["detail"][:12]) for w in written]
+    assert verdicts == [("kept_out", "device check"), ("kept_out", "transfer che"), ("passed_after", "cpu 50.0 GFL")]
+
+
 def test_a_nodes_environment_with_the_jobs_world_size_but_no_rank_is_no_error(tmp_path, monkeypatch, capsys) -> None:
     """Ansible's env file gives a node WORLD_SIZE (and MASTER_ADDR) before torchrun sets any RANK: the gate
     reads only the node (the defect: `WORLD_SIZE is set but RANK is not` failed every Ansible job)."""

@@ -586,3 +586,36 @@ def test_a_reader_that_follows_ends_with_the_job_and_so_does_what_its_command_st
     start = time.monotonic()
     assert list(lines) == []
     assert time.monotonic() - start < 60  # bounded: without the session's kill, the reader waits out the sleep
+
+
+def test_each_gate_verdict_of_the_streamed_head_is_one_line_the_runners_naming_the_node(run, monkeypatch, capsys):
+    """The head's own output is printed, but its gate's kept-out and passed-after lines are said by the runner (from
+    the gate's events, naming the node), not twice; the gate's other lines (its start figures, a pass at once) stay."""
+    said = ["gate: demo-head-1 at the job's start: cpu 80.0 GFLOP/s, 3.0 GB/s copy; recorded in /results/gate/h.json",
+            "gate: kept out: device check 20.0 GFLOP/s against the job's 80.0 (fail below 0.5); tried again every 10 s",
+            "gate: still kept out, now by: transfer check: 1 MiB to rendezvous:29400 and back: failed (reset)",
+            "gate: passed after 20 s kept out: cpu 79.0 GFLOP/s, 3.0 GB/s copy against the job's cpu 80.0 GFLOP/s",
+            "train: epoch 1/2 ..."]  # fmt: skip
+    monkeypatch.setattr(type(run), "main_container", property(lambda _: "demo-head-1"))
+    monkeypatch.setattr(engine, "lines", lambda *_, **__: iter(f"2026-11-28T10:00:00.1Z {line}" for line in said))
+    stop = threading.Event()
+    stop.set()
+    runner._stream(run, stop, 0.0)
+    kept, still, back = ({"verdict": v, "detail": d} for v, d in [
+        (events.KEPT_OUT, said[1].removeprefix("gate: kept out: ").partition(";")[0]),
+        (events.KEPT_OUT, said[2].removeprefix("gate: still kept out, now by: ")),
+        (events.PASSED_AFTER, said[3].partition(": ")[2].partition(": ")[2])])  # fmt: skip
+    happen(
+        run,
+        *(
+            ("demo-head-1", None, events.GATE, fields | {"retry_every": 10, "waited": 20})
+            for fields in (kept, still, back)
+        ),
+    )
+    assert capsys.readouterr().out.splitlines() == [
+        said[0],
+        said[4],
+        "cluster: node demo-head-1 kept out: device check 20.0 GFLOP/s against the job's 80.0 (fail below 0.5); tried again every 10 s",
+        "cluster: node demo-head-1 kept out: transfer check: 1 MiB to rendezvous:29400 and back: failed (reset); tried again every 10 s",
+        "cluster: node demo-head-1 passed its gate after 20 s kept out: cpu 79.0 GFLOP/s, 3.0 GB/s copy against the job's cpu 80.0 GFLOP/s; it joins at the next rendezvous round",
+    ]

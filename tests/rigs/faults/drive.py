@@ -127,8 +127,25 @@ class FaultRun:
         raise AssertionError(f"no event within {timeout:g} s: {what}")
 
     def finish(self, proc: subprocess.Popen, timeout: float = 600) -> subprocess.CompletedProcess:
-        out, err = proc.communicate(timeout=timeout)
+        """The job's exit status and output; a job still running after ``timeout`` is killed and the test fails
+        with what it printed, its last events and each container's last lines (``cluster down`` removes them)."""
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            seen = self.evidence()
+            proc.kill()
+            out, err = proc.communicate()
+            hung = explain(subprocess.CompletedProcess(proc.args, None, out, err))
+            raise AssertionError(f"the job still ran after {timeout:g} s:\n{hung}\n{seen}") from None
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    def evidence(self) -> str:
+        """The job's last events and each of its containers' last log lines, for a failure's message."""
+        told = ["--- last events", *(json.dumps(record) for record in self.events()[-30:])]
+        mine = {"label": f"com.docker.compose.project={self.project}"}
+        for found in self.engine.containers.list(all=True, filters=mine):
+            told += [f"--- {found.name} ({found.status})", found.logs(tail=40).decode(errors="replace")]
+        return "\n".join(told)
 
     def final_state(self, step: int = FINAL_STEP) -> dict:
         """The checkpoint of ``step`` that came back to --results, read as the app reads it."""
