@@ -535,10 +535,11 @@ def _stream(run: Run, stop: threading.Event, since: float) -> None:
         for raw in engine.lines(container, since, stop, follow, stderr=run.verbose):
             if (container, raw) not in seen:
                 seen.add((container, raw))
-                if raw.partition(" ")[2].startswith(events.GATE_LINES_SAID_AGAIN):
+                line = raw.partition(" ")[2]  # after the engine's time stamp
+                if line.startswith(events.GATE_LINES_SAID_AGAIN):
                     continue  # its gate's verdict: the runner's own line says it, naming the node (Run.gated)
                 with run.lock:  # print() writes the line and its newline apart: the runner's own lines wait
-                    print(raw.partition(" ")[2], flush=True)
+                    print(line, flush=True)
         if not follow:
             return
         stop.wait(1)
