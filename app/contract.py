@@ -32,12 +32,16 @@ JOB_DIR = "/job"
 """In the image: where a user's script folder is mounted read-only (compose, Kubernetes)."""
 CLUSTER_DIR = "/cluster"
 """In the image: the cluster's rendered files (torchrun.args, mpirun.args, hostfile, cluster.env, ssh/)."""
+GATE_SECONDS = 1.0
+"""The health gate's time measuring each device (app gate --device-seconds, the spec's nodes.gate_seconds): half app
+check's (it is on the path of every node's start and rejoin; a figure that falls short is measured once more before
+it counts)."""
 GATE_RETRY_S = 10
 """Seconds between a kept-out node's gate judgements: docker/bin/ddp-node's --retry-every, and the node agents' of
 an elastic job on the other engines (``render.node_args``)."""
 NODE_ARGS = "node.args"
-"""In CLUSTER_DIR, where rendered (Kubernetes' ConfigMap): flags of ``python -m app node`` that docker/bin/ddp-node
-gives it before torchrun's arguments (the straggler policy)."""
+"""In CLUSTER_DIR: flags of ``python -m app node`` that docker/bin/ddp-node gives it before torchrun's arguments (the
+spec's gate flags on compose; with the straggler policy in Kubernetes' ConfigMap)."""
 RESULTS_DIR = "/results"
 """In the image: where a job writes its results (checkpoints, metrics, summaries), brought back by each engine."""
 EVENTS_DIR = "/events"

@@ -12,10 +12,6 @@ from app import contract
 from app.errors import UsageError
 from app.flags import flag
 
-SECONDS = 1.0
-"""The gate's time measuring each device: half app check's (it is on the path of every node's start and rejoin;
-a figure that falls short is measured once more before it counts)."""
-
 
 @dataclass(frozen=True)
 class GateConfig:
@@ -29,7 +25,7 @@ class GateConfig:
     only."""
     fail_below: float = field(default=0.5, metadata=flag(metavar="FRACTION"))
     """Keep the node out when a device figure is below FRACTION x the job's at its start."""
-    device_seconds: float = field(default=SECONDS, metadata=flag(metavar="S"))
+    device_seconds: float = field(default=contract.GATE_SECONDS, metadata=flag(metavar="S"))
     """Seconds measuring each device (matrix product, then copy), as app check's --device-seconds."""
     timeout_s: float = field(default=5.0, metadata=flag(option="--timeout", metavar="S"))
     """Seconds the rendezvous port has to answer."""

@@ -82,17 +82,24 @@ def agent_args(spec: ClusterSpec, nnodes: int | str, nproc_per_node: int) -> lis
     return [f"--nnodes={shape}", f"--nproc-per-node={nproc_per_node}", f"--max-restarts={restarts}"]
 
 
+def gate_args(spec: ClusterSpec) -> list[str]:
+    """``python -m app node``'s gate flags that the spec sets, on every engine: its measuring time, where it is not
+    the gate's own default."""
+    seconds = spec.nodes.gate_seconds
+    return [] if seconds == contract.GATE_SECONDS else [f"--device-seconds={seconds:g}"]
+
+
 def node_args(spec: ClusterSpec, retry: bool = True) -> list[str]:
-    """``python -m app node``'s own flags where no runner watches the job (Slurm, Kubernetes): the spec's straggler
-    policy, which each node's agent applies to its own node, where the job is elastic (``--min-nodes`` below
-    ``--nodes``: a job of a fixed size cannot go on without a node), and with ``retry`` the gate's
-    ``--retry-every`` (ddp-node's, which gives its own): an evicted node, or one kept out at the start, is judged
-    again until it passes, and joins the job then; else none."""
+    """``python -m app node``'s own flags where no runner watches the job (Slurm, Kubernetes): the gate's
+    (``gate_args``), then the spec's straggler policy, which each node's agent applies to its own node, where the
+    job is elastic (``--min-nodes`` below ``--nodes``: a job of a fixed size cannot go on without a node), and
+    with ``retry`` the gate's ``--retry-every`` (ddp-node's, which gives its own): an evicted node, or one kept out
+    at the start, is judged again until it passes, and joins the job then."""
     n = spec.nodes
     if not (n.elastic and n.evict_factor):
-        return []
+        return gate_args(spec)
     again = [f"--retry-every={contract.GATE_RETRY_S}"] if retry else []
-    return [*again, f"--evict-factor={n.evict_factor:g}", f"--evict-after={n.evict_after}"]
+    return [*gate_args(spec), *again, f"--evict-factor={n.evict_factor:g}", f"--evict-after={n.evict_after}"]
 
 
 def c10d_args(spec: ClusterSpec, endpoint: str, run_id: str) -> list[str]:

@@ -138,6 +138,9 @@ class Nodes:
     evict_after: int = field(default=evict.AFTER, metadata=used_by("compose", "slurm", "kubernetes"))
     """Exchanges of step times (every --exchange-every steps of app train) at which a node must be that slow, of
     the last 2 x this - 1, before its eviction."""
+    gate_seconds: float = field(default=contract.GATE_SECONDS, metadata=used_by("compose", "slurm", "kubernetes"))
+    """Seconds each node's health gate measures each of its devices, at the node's first start and at every
+    return (app gate --device-seconds): longer reads steadier, shorter lets a node in sooner."""
 
     def __post_init__(self) -> None:
         _positive("--nodes", self.nodes)
@@ -150,6 +153,8 @@ class Nodes:
                 f"job goes on with (--min-nodes {self.nodes}: all or none)"
             )
         evict.check(self.evict_factor, self.evict_after)
+        if not self.gate_seconds > 0:
+            raise UsageError(f"--gate-seconds {self.gate_seconds:g} must be a positive number of seconds, e.g. 1")
         if self.gpus_per_node < 0:
             raise UsageError(f"--gpus-per-node {self.gpus_per_node} must be >= 0 (0: CPU nodes)")
         if self.gpus_per_node and self.nproc_per_node > self.gpus_per_node:
@@ -508,7 +513,13 @@ def build(tables: dict[str, dict[str, Any]]) -> ClusterSpec:
     return ClusterSpec(**{name: cls(**values[name]) for name, cls in SECTIONS.items()})
 
 
-_KINDS = {int: "a whole number", str: "a string", bool: "true or false", tuple: "a list of NAME:SLOTS"}
+_KINDS = {
+    int: "a whole number",
+    float: "a number",
+    str: "a string",
+    bool: "true or false",
+    tuple: "a list of NAME:SLOTS",
+}
 
 
 def _check_types(section: str, cls: type, values: dict[str, Any]) -> None:
@@ -520,6 +531,8 @@ def _check_types(section: str, cls: type, values: dict[str, Any]) -> None:
             if value is None:
                 continue
             kind = next(a for a in typing.get_args(hints[key]) if a is not type(None))
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = values[key] = float(value)  # TOML's 3 for 3.0
         ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
         if not ok:
             raise UsageError(

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.rigs import gate_figures
+
 ROOT = Path(__file__).resolve().parents[2]
 # DDP_TEST_IMAGE_NAME: another name, so that several checkouts can test on one engine side by side.
 IMAGE_NAME = os.environ.get("DDP_TEST_IMAGE_NAME", "ddp-cluster-test")
@@ -30,7 +32,8 @@ def run(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess
 def make(*args: str, timeout: float = JOB_TIMEOUT) -> subprocess.CompletedProcess:
     """`make --no-print-directory ARGS` with the test image and the offline base."""
     images = [f"IMAGE_NAME={IMAGE_NAME}", f"MONITOR_IMAGE={IMAGE_NAME}-prometheus:bookworm"]
-    return run(["make", "--no-print-directory", "BASE=local", *images, *args], timeout)
+    quick = f"GATE_SECONDS={gate_figures.GATE_SECONDS}"  # before ARGS: a test's own GATE_SECONDS= comes last and wins
+    return run(["make", "--no-print-directory", "BASE=local", *images, quick, *args], timeout)
 
 
 def explain(proc: subprocess.CompletedProcess) -> str:

@@ -22,7 +22,7 @@ import pytest
 
 from app import events
 from tests.rigs.faults.drive import CFS_PERIOD_US, SICK_QUOTA_US, TRAIN, FaultRun, explain
-from tests.rigs.gate_figures import KEEP_OUT, LET_IN
+from tests.rigs.gate_figures import KEEP_OUT, LET_IN, MEASURED
 
 from .conftest import project_leftovers, run
 
@@ -186,7 +186,7 @@ def test_a_worker_kept_out_by_its_gate_rejoins_once_it_passes_and_the_world_grow
 def test_a_worker_that_comes_back_slow_is_kept_out_then_healed_rejoins_and_the_world_grows(fault_run):
     """Marked noise (make test-noise): a real CPU quota (a twentieth of a core) against the job's figures measured at
     its start under whatever load the machine had then; at a tenth of a core CI's gate let the worker in."""
-    proc = fault_run.start(GATE_HOOKS, "--min-nodes", "1", train=GATE_TRAIN)
+    proc = fault_run.start(GATE_HOOKS, "--min-nodes", "1", *MEASURED, train=GATE_TRAIN)
     fault_run.marker(proc)
     worker = fault_run.container("worker")
     throttled = fault_run.engine.containers.get(worker)

@@ -20,7 +20,7 @@ import pytest
 
 from app import events
 from tests.rigs.faults.drive import CFS_PERIOD_US, OUT, FaultRun, explain
-from tests.rigs.gate_figures import KEEP_OUT, LET_IN
+from tests.rigs.gate_figures import KEEP_OUT, LET_IN, MEASURED
 
 from .test_elastic import TOLERANCE, _difference, _down, _gate, _gate_line
 
@@ -142,7 +142,7 @@ def test_a_straggler_is_evicted_the_job_goes_on_at_the_same_global_batch_and_hea
     tenth of a core mid-run is evicted after 3 slow exchanges of 5, the others go on at global batch 96 with no step
     lost, its gate keeps it out; healed, it passes and the world grows back to 3; the final parameters are the
     undisturbed run's but for the order of float sums."""
-    proc = fault_run.start(EVICT_HOOKS, *EVICT_SPEC, train=EVICT_TRAIN)
+    proc = fault_run.start(EVICT_HOOKS, *EVICT_SPEC, *MEASURED, train=EVICT_TRAIN)
     fault_run.marker(proc)
     worker = fault_run.container("worker").removesuffix("-1") + "-2"
     throttled = fault_run.engine.containers.get(worker)

@@ -44,8 +44,8 @@ def test_ranks_follow_c10ds_order_of_the_rendered_addresses():
 def test_the_nodes_get_rendered_files_not_the_spec(tmp_path):
     files = compose.cluster_files(SPEC, tmp_path)
     assert sorted(files) == ["compose.env", "events/README", "job/README", "monitor/prometheus.yml", "node/cluster.env",
-                             "node/hostfile", "node/mpirun.args", "node/ssh/README", "node/torchrun.args",
-                             "nodes.yaml"]  # fmt: skip
+                             "node/hostfile", "node/mpirun.args", "node/node.args", "node/ssh/README",
+                             "node/torchrun.args", "nodes.yaml"]  # fmt: skip
     assert "CLUSTER_SPEC" not in files["compose.env"] and "{" not in files["compose.env"]
     assert f"NODE_FILES='{tmp_path.resolve()}/node'" in files["compose.env"]
     # The c10d store has a container of its own, whose name matches no node: every node's agent is a client.
@@ -55,6 +55,16 @@ def test_the_nodes_get_rendered_files_not_the_spec(tmp_path):
     assert "MASTER_ADDR=demo-rendezvous-1\n" in files["node/cluster.env"]
     assert "MASTER_ADDR=demo-mpi-worker-1" in files["node/mpirun.args"], "mpirun's rank 0 serves its own store"
     assert "-x DDP_CLUSTER_EVENTS_FILE=/events/events.jsonl" in files["node/mpirun.args"]  # its ranks' events
+    assert files["node/node.args"] == "\n", "the gate's default: no flag of app node (the runner evicts, not the agent)"
+
+
+def test_the_specs_gate_seconds_reach_every_engines_node_agent() -> None:
+    quick = build({"nodes": {"gate_seconds": 0.2, "min_nodes": 1}})
+    assert compose.node_files(quick)[contract.NODE_ARGS] == "--device-seconds=0.2\n"  # the gate's flag alone
+    assert render.node_args(quick)[0] == "--device-seconds=0.2"  # Slurm's and Kubernetes' agents, then the policy
+    assert "--evict-factor=3" in render.node_args(quick)
+    assert render.node_args(build({"nodes": {"gate_seconds": 0.2}})) == ["--device-seconds=0.2"]  # not elastic
+    assert render.gate_args(build({})) == []
 
 
 def test_topology_writes_the_compose_files(tmp_path, capsys):

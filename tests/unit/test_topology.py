@@ -167,6 +167,9 @@ def test_job_argv_runs_the_app_or_the_users_script_unchanged() -> None:
         (lambda: build({"nodes": {"nodes": "two"}}), "--nodes"),
         (lambda: Nodes(nodes=2, min_nodes=0), "--min-nodes 0 must be between 1 and --nodes 2"),
         (lambda: Nodes(nodes=2, min_nodes=3), "--min-nodes 3 must be between 1 and --nodes 2"),
+        (lambda: Nodes(gate_seconds=0), "--gate-seconds 0 must be a positive number of seconds"),
+        (lambda: build({"nodes": {"gate_seconds": -1}}), "--gate-seconds -1 must be a positive"),
+        (lambda: build({"nodes": {"gate_seconds": "2"}}), "nodes.gate_seconds = '2' must be a number"),
         (lambda: build({"nodes": {"min_nodes": 1}, "job": {"launcher": "mpirun"}}), "needs --launcher torchrun"),
     ],
 )
@@ -174,6 +177,13 @@ def test_bad_specs_are_one_line_errors(build_it, message: str) -> None:
     with pytest.raises(UsageError) as caught:
         build_it()
     assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_whole_number_is_a_number_where_the_spec_takes_one() -> None:
+    spec = build({"nodes": {"gate_seconds": 2, "evict_factor": 4}})  # a spec file's `gate_seconds = 2`
+    assert (spec.nodes.gate_seconds, spec.nodes.evict_factor) == (2.0, 4.0)
+    with pytest.raises(UsageError, match="must be a number"):
+        build({"nodes": {"evict_factor": True}})
 
 
 def _topology_cli(*args: str) -> subprocess.CompletedProcess:

@@ -68,7 +68,8 @@ class FaultRun:
         args = " ".join([*hooks, "--", *train])
         return [
             sys.executable, "-m", "app", "cluster", "up", "--name", self.project, "--image", self.image,
-            "--results", str(self.results), "--script", JOB, "--args", args, *spec,
+            "--results", str(self.results), "--script", JOB, "--args", args,
+            "--gate-seconds", str(gate_figures.GATE_SECONDS), *spec,  # a test's own --gate-seconds comes last: it wins
         ]  # fmt: skip
 
     def start(self, hooks: list[str], *spec: str, train: list[str] = TRAIN) -> subprocess.Popen:
