@@ -20,35 +20,29 @@ from tests.integration.train_runs import (
     synthetic,
     train,
     train_torchrun_restarting,
+    uninterrupted,
 )
 from tests.integration.train_worker import CRASH_EXIT_CODE
 
 pytestmark = pytest.mark.integration
 
 # 128 samples, batch 8 on 2 ranks: 8 steps per epoch, 16 in all; checkpoints at 5, 8, 10, 15, 16.
-COMMON = [
-    "--train-samples",
-    "128",
-    "--test-samples",
-    "32",
-    "--epochs",
-    "2",
-    "--batch-size",
-    "8",
-    "--checkpoint-every",
-    "5",
-    "--keep-checkpoints",
-    "10",
-]
+COMMON = CHECKPOINTED
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted COMMON run on 2 hand-started ranks: the end a crashed run must reach, and a finished job
+    to run again (a test that runs it again works on a copy)."""
+    return uninterrupted(tmp_path_factory.mktemp("reference"))
 
 
 def _steps(out: Path) -> list[int]:
     return [int(p.stem.split("-")[1]) for p in sorted((out / "checkpoints").glob("step-*.pt"))]
 
 
-def test_killed_job_resumes_to_the_same_parameters(tmp_path) -> None:
-    reference, crashed = tmp_path / "reference", tmp_path / "crashed"
-    train(2, synthetic(reference, *COMMON), tmp_path)
+def test_killed_job_resumes_to_the_same_parameters(tmp_path, reference: Path) -> None:
+    crashed = tmp_path / "crashed"
 
     # Both ranks die abruptly after step 7 on the first attempt (no survivor keeps the step: see
     # test_train_snapshot.py); torchrun restarts them, and they continue from the latest checkpoint
@@ -99,11 +93,11 @@ def test_resume_is_exact_with_four_ranks(tmp_path) -> None:
     }
 
 
-def test_a_finished_job_run_again_says_so_and_keeps_its_summary(tmp_path) -> None:
+def test_a_finished_job_run_again_says_so_and_keeps_its_summary(tmp_path, reference: Path) -> None:
     """``make cluster-up`` twice: the second run has nothing to train; it must not overwrite the first's figures."""
     out = tmp_path / "out"
+    shutil.copytree(reference, out)  # the first run: COMMON, finished
     args = synthetic(out, *COMMON)
-    train(2, args, tmp_path)
     first = (out / "summary.json").read_text()
     assert json.loads(first)["samples_per_s"] > 0
     again = train(2, [*args, "--resume", "auto"], tmp_path)
