@@ -122,26 +122,37 @@ def prepare(args: argparse.Namespace, entrypoint: Callable[[Job], None] | None, 
     return Launch(config, entrypoint, (Job(args.training_script, bool(args.module), tuple(rest), since),))
 
 
-def launch(run: Launch) -> dict:
+def launch(run: Launch, evicting: bool = False) -> dict:
     """Run torch's elastic agent until the job ends: each local rank's return value (ChildFailedError when a
     rank failed past the restarts, or when ``EventAgent`` stopped restarting; a rendezvous error when the nodes
     never met)."""
     from torch.distributed.launcher import api
 
-    api.LocalElasticAgent = event_agent()  # the one agent class torch's launch_agent builds, in this process
+    api.LocalElasticAgent = event_agent(evicting)  # the one agent class torch's launch_agent builds, in this process
     return api.elastic_launch(run.config, run.entrypoint)(*run.args)
 
 
 FIRST_ROUND_SHARE = 0.5
 """Of the join timeout: how long the job's first rendezvous round waits for all its nodes once --min-nodes have
 joined (later rounds: the rendering's short last call, so that survivors do not idle)."""
+ROUND_TRIES = 3
+"""Rendezvous rounds a node joins in a row whose rank 0 never gives the round's address (``NO_RANK_0``)."""
+NO_RANK_0 = (
+    "node: rank 0 of the rendezvous round this node joined gave no address within the store's read timeout (its node "
+    "was dropped for missed heartbeats once the round was complete): this node joins the next round"
+)
+"""The line of a node whose round lost its rank 0: a node that stalls past the heartbeats' limit (a container
+starved on a loaded machine) after the round completed is dropped by the others, and leaves them waiting for the
+address that rank 0 alone writes; torch's agent would end the job (``DistStoreError ... MASTER_ADDR``)."""
 SETTLE_S = 1.0
 """Seconds the agent waits after a rank's failure before it takes the attempt's failures (every rank's that ended)."""
 
 
-def event_agent() -> type:
+def event_agent(evicting: bool = False) -> type:
     """torch's LocalElasticAgent, which also writes each failed attempt's facts to the job's events file
-    (``app.events``) and stops restarting a failure that no restart can cure.
+    (``app.events``) and stops restarting a failure that no restart can cure. ``evicting``: this node gave its
+    ranks a straggler policy, so their statuses ``evict.LEFT`` and ``evict.PEER_LEFT`` are an eviction's (without
+    one they are the script's own, a failure like any other: a script that exits 5 is not restarted forever).
 
     torch's agent monitors its ranks (``_monitor_workers``): an attempt that failed is a ``RunResult`` whose
     ``failures`` are torchelastic's ``ProcessFailure`` (exit status or signal, and the rank's error file). Each
@@ -151,8 +162,10 @@ def event_agent() -> type:
     (its peers' errors, which name ports and steps, may differ; a SIGKILL in either attempt, the engine's or the
     OOM killer's: not the script's doing, restarted).
     """
+    from torch.distributed import DistStoreError
     from torch.distributed.elastic.agent.server.api import WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
     from app import events
 
@@ -163,8 +176,15 @@ def event_agent() -> type:
         """This agent's first rendezvous round is over."""
 
         def _rendezvous(self, worker_group):  # (torch's signature)
-            with contextlib.nullcontext() if self._met else first_round(worker_group.spec.rdzv_handler):
-                super()._rendezvous(worker_group)
+            for tries_left in reversed(range(ROUND_TRIES)):
+                try:
+                    with contextlib.nullcontext() if self._met else first_round(worker_group.spec.rdzv_handler):
+                        super()._rendezvous(worker_group)
+                    break
+                except DistStoreError as error:
+                    if not tries_left or RendezvousStoreInfo.MASTER_ADDR_KEY not in str(error):
+                        raise
+                    print(NO_RANK_0, flush=True)  # torch's next_rendezvous leaves the round first: the next one
             self._met = True
 
         def _monitor_workers(self, worker_group):  # (torch's signature)
@@ -172,7 +192,7 @@ def event_agent() -> type:
             if result.state == WorkerState.FAILED:  # the first rank's exit, written at once (the runner names
                 attempt = worker_group.spec.max_restarts - self._remaining_restarts  # the first one it reads)
                 codes = {failure.exitcode for failure in result.failures.values()}
-                if evict.LEFT in codes:  # this node was evicted: out of the round, the rendezvous left open
+                if evicting and evict.LEFT in codes:  # its node was evicted: it leaves the round (left open)
                     leave_round(worker_group.spec.rdzv_handler)
                     raise evicted_error()("this node was evicted from the job", signal.SIGTERM)
                 self._write(result.failures, attempt)
@@ -202,7 +222,7 @@ def event_agent() -> type:
             (every rank says ``evict.PEER_LEFT``), or a node waits to join, for which another node's agent already
             stopped its ranks (torch restarts for a waiting node without counting, but this agent saw its ranks
             fail first)."""
-            if {failure.exitcode for failure in failures.values()} == {evict.PEER_LEFT}:
+            if evicting and {failure.exitcode for failure in failures.values()} == {evict.PEER_LEFT}:
                 return True
             try:
                 waiting = handler.num_nodes_waiting() > 0

@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     returned_at, wait = None, 0.0
     while True:
         try:
-            agent.launch(launch)
+            agent.launch(launch, evicting=policy is not None)
             return 0
         except ChildFailedError as error:
             print(error, file=sys.stderr, flush=True)  # torchrun's report: which rank, its status, its line

@@ -1,22 +1,28 @@
 """``python -m app node``: the health gate, then torchrun's agent in the same process with every rank a
 fork of one preloaded server; each test against real ranks on localhost (``--standalone``)."""
 
+import base64
 import contextlib
+import datetime
+import functools
 import json
 import os
+import pickle
 import re
 import signal
 import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from app import events, progress
+from app.node import agent
 from app.runtime import network
 from app.train.stop import STATUS
 from tests.deps import need
@@ -234,6 +240,77 @@ def test_an_elastic_job_starts_with_a_node_that_comes_seconds_after_the_first(tm
     assert (first.returncode, second.returncode) == (0, 0), said
     ranks = [json.loads(line) for out, _ in said for line in out.splitlines() if line.startswith("{")]
     assert sorted((r["rank"], r["world"]) for r in ranks) == [(0, 2), (1, 2)], said
+
+
+def rendezvous_state(port: int, run_id: str) -> Any:
+    """The c10d rendezvous state of ``run_id`` as every node's agent reads it from the store at ``port`` (torch's
+    C10dRendezvousBackend: the pickled state, base64); None before the first node wrote it."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=30))
+    key = f"torch.rendezvous.{run_id}"
+    if not store.check([key]):
+        return None
+    try:
+        return pickle.loads(base64.b64decode(store.get(key)))
+    except (ValueError, pickle.UnpicklingError):  # the backend's empty sentinel
+        return None
+
+
+def wait_for(what: str, ready: Callable[[], bool], procs: list[subprocess.Popen], timeout: float = TIMEOUT) -> None:
+    """Poll ``ready`` until it holds, while every process of ``procs`` runs."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        for proc in procs:
+            assert proc.poll() is None, f"waiting for {what}: {proc.args} ended: {proc.communicate()[1][-3000:]}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout}s"
+        time.sleep(0.2)
+
+
+def test_a_node_dropped_from_the_round_it_completed_joins_the_next_with_the_others(tmp_path: Path) -> None:
+    """A node that stops answering for longer than the heartbeats allow while its first round completes (a
+    container starved on a loaded machine) is dropped from that round by the others: it held rank 0, which gives
+    every node the round's address, and now never does. The node left waiting joins the next round with it, and
+    the job runs on both (before: it failed the job, `DistStoreError: wait timeout ... MASTER_ADDR`, a make test
+    run's red). The stall is the test's: SIGSTOP while the round completes, SIGCONT once the store shows the drop."""
+    env = _clean_env({"GLOO_SOCKET_IFNAME": "lo"})
+    # Heartbeats every 1 s, 20 missed drop a node: time for the second node to start and complete the round
+    # while the first is stopped; the store's reads give up after 20 s.
+    conf = "--rdzv-conf=join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=20,read_timeout=20"
+
+    def start(port: int, addr: str, name: str) -> subprocess.Popen:
+        c10d = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                "--rdzv-id=stall", conf, f"--local-addr={addr}"]  # fmt: skip
+        cmd = node_command(tmp_path / name, [*c10d, str(NODE_JOB)])
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # fmt: skip
+
+    head_address = this_machines_address()  # the first address in c10d's order: rank 0
+    with store_server() as port:
+        head = start(port, head_address, "head")
+        procs = [head]
+        try:
+            state = functools.partial(rendezvous_state, port, "stall")
+            wait_for("the head in round 0", lambda: (s := state()) is not None and len(s.participants) == 1, procs)
+            os.killpg(head.pid, signal.SIGSTOP)  # the head stalls: its agent, fork server, everything
+            worker = start(port, "worker.invalid", "worker")
+            procs.append(worker)
+            wait_for("round 0 complete with both", lambda: state().complete and len(state().participants) == 2,
+                     [worker])  # fmt: skip
+            wait_for("the stalled head dropped from round 0",
+                     lambda: all(n.addr != head_address for n in state().participants), [worker])  # fmt: skip
+            os.killpg(head.pid, signal.SIGCONT)
+            said = {name: proc.communicate(timeout=TIMEOUT) for name, proc in (("head", head), ("worker", worker))}
+        finally:
+            for proc in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGCONT)
+                    os.killpg(proc.pid, signal.SIGKILL)
+    assert (head.returncode, worker.returncode) == (0, 0), said
+    ranks = [json.loads(line) for out, _ in said.values() for line in out.splitlines() if line.startswith("{")]
+    assert sorted((r["rank"], r["world"]) for r in ranks) == [(0, 2), (1, 2)], said
+    assert agent.NO_RANK_0 in said["worker"][0].splitlines(), said["worker"]  # the node that waited says why
+    assert not [line for _, err in said.values() for line in err.splitlines() if line.startswith("error: ")], said
 
 
 def test_an_exception_of_a_script_is_reported_as_torchrun_reports_it(tmp_path: Path) -> None:

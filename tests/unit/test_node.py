@@ -224,10 +224,10 @@ def test_an_evicted_nodes_agent_leaves_and_a_change_of_the_jobs_nodes_is_no_rest
                 raise RuntimeError("the store is gone")
             return self.waiting
 
-    def monitored(codes: list[int], waiting: int | None = 0) -> object:
+    def monitored(codes: list[int], waiting: int | None = 0, evicting: bool = True) -> object:
         failures = {r: ProcessFailure(local_rank=r, pid=1, exitcode=c, error_file=str(tmp_path / "none")) for r, c
                     in enumerate(codes)}  # fmt: skip
-        cls = agent.event_agent()
+        cls = agent.event_agent(evicting)
         watcher = cls.__new__(cls)
         watcher._remaining_restarts, watcher._before = 2, None
         base = cls.__mro__[1]
@@ -247,6 +247,10 @@ def test_an_evicted_nodes_agent_leaves_and_a_change_of_the_jobs_nodes_is_no_rest
     with pytest.raises(agent.evicted_error()):
         monitored([evict.LEFT, evict.LEFT])
     assert len(left) == 1 and isinstance(left[0], Handler)
+    # Without a straggler policy no node is evicted: those statuses are the script's own, failures like any other
+    # (a script that left with 5 on every rank was restarted for ever, uncounted).
+    assert monitored([evict.PEER_LEFT, evict.PEER_LEFT], evicting=False)._remaining_restarts == 2
+    assert monitored([evict.LEFT, evict.LEFT], evicting=False)._remaining_restarts == 2 and len(left) == 1
 
 
 def test_a_rank_names_its_process_where_setproctitle_is_installed_and_goes_on_where_it_is_not(monkeypatch):
