@@ -174,6 +174,8 @@ def event_agent(evicting: bool = False) -> type:
         """The failure of the attempt before: (rank, exit status, error) of each rank that failed."""
         _met: bool = False
         """This agent's first rendezvous round is over."""
+        _round: frozenset = frozenset()
+        """The nodes of this agent's rendezvous round (torch's node descriptors), once it is complete."""
 
         def _rendezvous(self, worker_group):  # (torch's signature)
             for tries_left in reversed(range(ROUND_TRIES)):
@@ -185,7 +187,7 @@ def event_agent(evicting: bool = False) -> type:
                     if not tries_left or RendezvousStoreInfo.MASTER_ADDR_KEY not in str(error):
                         raise
                     print(NO_RANK_0, flush=True)  # torch's next_rendezvous leaves the round first: the next one
-            self._met = True
+            self._met, self._round = True, round_nodes(worker_group.spec.rdzv_handler)
 
         def _monitor_workers(self, worker_group):  # (torch's signature)
             result = super()._monitor_workers(worker_group)
@@ -219,14 +221,17 @@ def event_agent(evicting: bool = False) -> type:
 
         def _no_failure(self, failures: dict, handler: Any) -> bool:
             """The ranks failed because the job's nodes changed, not for a failure to count: an evicted node left
-            (every rank says ``evict.PEER_LEFT``), or a node waits to join, for which another node's agent already
-            stopped its ranks (torch restarts for a waiting node without counting, but this agent saw its ranks
-            fail first)."""
+            (every rank says ``evict.PEER_LEFT``), or a node new to this round waits to join, for which another
+            node's agent already stopped its ranks (torch restarts for a waiting node without counting, but this
+            agent saw its ranks fail first). A node of this very round that waits is a peer whose agent restarted
+            after the same failure: counted (it was not, when that peer came back before this agent looked)."""
             if evicting and {failure.exitcode for failure in failures.values()} == {evict.PEER_LEFT}:
                 return True
             try:
                 waiting = handler.num_nodes_waiting() > 0
             except Exception:  # the store is gone (a RendezvousError, a DistError): a failure, counted
+                return False
+            if waiting and not newcomers(handler, self._round):
                 return False
             if waiting:
                 self._regroup()
@@ -306,6 +311,22 @@ def first_round(handler: Any) -> Iterator[None]:
         yield
     finally:
         timeout._set_timeouts(last_call=short)
+
+
+def round_nodes(handler: Any) -> frozenset:
+    """The nodes of the handler's rendezvous round as its state last read (c10d's handler); others: none known."""
+    holder = getattr(handler, "_state_holder", None)
+    return frozenset(holder.state.participants) if holder is not None else frozenset()
+
+
+def newcomers(handler: Any, round_nodes: frozenset) -> frozenset:
+    """The nodes that wait to join (as ``num_nodes_waiting`` last read them) and were not in ``round_nodes``: new to
+    the job, or started again (a new agent); not a peer whose agent restarted its ranks after this round failed.
+    Unknown (a handler without c10d's state): every waiting node."""
+    holder = getattr(handler, "_state_holder", None)
+    if holder is None:
+        return frozenset({"unknown"})
+    return frozenset(holder.state.wait_list) - round_nodes
 
 
 def error_of(failure: Any) -> str:

@@ -121,7 +121,8 @@ def test_nodes_hold_the_topology_files_and_the_same_image(deployed: dict) -> Non
     assert env["MASTER_ADDR"] == addresses[0] and env["WORLD_SIZE"] == "4" and env["GLOO_SOCKET_IFNAME"] == "eth0"
     assert env["MASTER_PORT"] == "29500", "the spec's default rendezvous port"
     torchrun = node_exec(second, "cat", "/etc/ddp-cluster/torchrun.args").split()
-    assert "--node-rank=1" in torchrun and "--master-port=29500" in torchrun, torchrun
+    listing = ("ls", "-la", "--time-style=full-iso", "/etc/ddp-cluster")  # what the folder held, should it fail again
+    assert "--node-rank=1" in torchrun and "--master-port=29500" in torchrun, (torchrun, node_exec(second, *listing))
     assert node_exec(first, "cat", "/etc/ddp-cluster/hostfile") == node_exec(second, "cat", "/etc/ddp-cluster/hostfile")
     inspect = ("docker", "image", "inspect", "--format", "{{.Id}}", deployed["image"])
     controller = engine.client().images.get(deployed["image"]).id

@@ -224,14 +224,18 @@ def test_an_evicted_nodes_agent_leaves_and_a_change_of_the_jobs_nodes_is_no_rest
                 raise RuntimeError("the store is gone")
             return self.waiting
 
-    def monitored(codes: list[int], waiting: int | None = 0, evicting: bool = True) -> object:
+    def monitored(
+        codes: list[int], waiting: int | None = 0, evicting: bool = True, wait_list=None, round_nodes=frozenset()
+    ) -> object:
         failures = {r: ProcessFailure(local_rank=r, pid=1, exitcode=c, error_file=str(tmp_path / "none")) for r, c
                     in enumerate(codes)}  # fmt: skip
         cls = agent.event_agent(evicting)
         watcher = cls.__new__(cls)
-        watcher._remaining_restarts, watcher._before = 2, None
+        watcher._remaining_restarts, watcher._before, watcher._round = 2, None, frozenset(round_nodes)
         base = cls.__mro__[1]
         handler = Handler(waiting)
+        if wait_list is not None:  # c10d's handler: its state as num_nodes_waiting last read it
+            handler._state_holder = SimpleNamespace(state=SimpleNamespace(wait_list=set(wait_list)))
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(base, "_monitor_workers", lambda self, group: RunResult(WorkerState.FAILED, {}, failures))
             patch.setattr(agent, "SETTLE_S", 0.0)
@@ -247,6 +251,11 @@ def test_an_evicted_nodes_agent_leaves_and_a_change_of_the_jobs_nodes_is_no_rest
     with pytest.raises(agent.evicted_error()):
         monitored([evict.LEFT, evict.LEFT])
     assert len(left) == 1 and isinstance(left[0], Handler)
+    # A node waits to join that was in this agent's round: a peer whose agent restarted after this very failure (the
+    # compose test's rank that raised at every attempt got an uncounted third attempt when the peer came back first).
+    peer, newcomer = "worker-1 (pid 7)", "worker-2 (pid 9)"
+    assert monitored([1], waiting=1, wait_list={peer}, round_nodes={"head (pid 5)", peer})._remaining_restarts == 2
+    assert monitored([1], waiting=1, wait_list={newcomer}, round_nodes={"head (pid 5)", peer})._remaining_restarts == 3
     # Without a straggler policy no node is evicted: those statuses are the script's own, failures like any other
     # (a script that left with 5 on every rank was restarted for ever, uncounted).
     assert monitored([evict.PEER_LEFT, evict.PEER_LEFT], evicting=False)._remaining_restarts == 2
