@@ -231,11 +231,10 @@ def event_agent(evicting: bool = False) -> type:
                 waiting = handler.num_nodes_waiting() > 0
             except Exception:  # the store is gone (a RendezvousError, a DistError): a failure, counted
                 return False
-            if waiting and not newcomers(handler, self._round):
+            if not waiting or not newcomers(handler, self._round):
                 return False
-            if waiting:
-                self._regroup()
-            return waiting
+            self._regroup()
+            return True
 
         def _write(self, failures: dict, attempt: int) -> None:
             for rank, failure in sorted(failures.items()):
@@ -313,20 +312,24 @@ def first_round(handler: Any) -> Iterator[None]:
         timeout._set_timeouts(last_call=short)
 
 
+def _rendezvous_state(handler: Any) -> Any:
+    """The rendezvous state as the handler last read it (c10d's handler, torch's private state); None for others."""
+    holder = getattr(handler, "_state_holder", None)
+    return holder.state if holder is not None else None
+
+
 def round_nodes(handler: Any) -> frozenset:
     """The nodes of the handler's rendezvous round as its state last read (c10d's handler); others: none known."""
-    holder = getattr(handler, "_state_holder", None)
-    return frozenset(holder.state.participants) if holder is not None else frozenset()
+    state = _rendezvous_state(handler)
+    return frozenset(state.participants) if state is not None else frozenset()
 
 
 def newcomers(handler: Any, round_nodes: frozenset) -> frozenset:
     """The nodes that wait to join (as ``num_nodes_waiting`` last read them) and were not in ``round_nodes``: new to
     the job, or started again (a new agent); not a peer whose agent restarted its ranks after this round failed.
     Unknown (a handler without c10d's state): every waiting node."""
-    holder = getattr(handler, "_state_holder", None)
-    if holder is None:
-        return frozenset({"unknown"})
-    return frozenset(holder.state.wait_list) - round_nodes
+    state = _rendezvous_state(handler)
+    return frozenset({"unknown"}) if state is None else frozenset(state.wait_list) - round_nodes
 
 
 def error_of(failure: Any) -> str:

@@ -95,11 +95,11 @@ def node_args(spec: ClusterSpec, retry: bool = True) -> list[str]:
     job is elastic (``--min-nodes`` below ``--nodes``: a job of a fixed size cannot go on without a node), and
     with ``retry`` the gate's ``--retry-every`` (ddp-node's, which gives its own): an evicted node, or one kept out
     at the start, is judged again until it passes, and joins the job then."""
-    n = spec.nodes
+    n, gate = spec.nodes, gate_args(spec)
     if not (n.elastic and n.evict_factor):
-        return gate_args(spec)
+        return gate
     again = [f"--retry-every={contract.GATE_RETRY_S}"] if retry else []
-    return [*gate_args(spec), *again, f"--evict-factor={n.evict_factor:g}", f"--evict-after={n.evict_after}"]
+    return [*gate, *again, f"--evict-factor={n.evict_factor:g}", f"--evict-after={n.evict_after}"]
 
 
 def c10d_args(spec: ClusterSpec, endpoint: str, run_id: str) -> list[str]:
