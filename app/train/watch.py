@@ -316,32 +316,40 @@ class Watch:
         what, step = self.doing
         failed = f"the {what} of step {step} failed ({first_line(error, 160)})"
         answered = self._roll_call(completed, LOST_PEER_GRACE_S if lost_peer(error) else REPORT_GRACE_S)
-        self.peers_lost = answered is None or len(answered) < self.world
+        self.peers_lost = answered is None
         if answered is None:  # no roll call could be held: who stopped cannot be told from here (rank 0 may be fine)
             nor = "" if self.ctx.proc.survivors_store is None else ", nor the survivors' store"
             return f"{failed}; no store answers (rank 0's on {self.hosts[0]}{nor}): which ranks stopped cannot be told"
         silent = [r for r in range(self.world) if r not in answered]
         stopped = [r for r in answered if self.answers[r].get("stopped")]
+        if lost_peer(error):
+            silent, waiting = self._waiting_on_this_rank(silent, answered, bool(stopped))
+        else:
+            waiting = []
+        unsure = f"; {NOT_YET}: {self._on_hosts(waiting)}" if waiting else ""
+        self.peers_lost = bool(silent)
         self.peers_stopped = not silent and bool(stopped)
         if not silent and stopped:
-            return f"{failed}; {self._on_hosts(stopped)} stopped: their launcher ended them (SIGTERM)"
+            return f"{failed}; {self._on_hosts(stopped)} stopped: their launcher ended them (SIGTERM){unsure}"
         if not silent:
             return f"{failed}; every rank still answers: a rank too slow for --timeout, or the network"
-        silent, waiting = self._waiting_on_this_rank(silent, answered) if lost_peer(error) else (silent, [])
-        unsure = f"; {NOT_YET}: {self._on_hosts(waiting)}" if waiting else ""
         return (
             f"{self._on_hosts(silent)} stopped answering: {failed}; {len(answered)} of {self.world} ranks answer"
             f"{self._where} (all had reached step {self.exchanged_at} at the last exchange){unsure}"
         )
 
-    def _waiting_on_this_rank(self, silent: list[int], answered: set[int]) -> tuple[list[int], list[int]]:
+    def _waiting_on_this_rank(
+        self, silent: list[int], answered: set[int], launcher_stopped: bool
+    ) -> tuple[list[int], list[int]]:
         """After a lost peer: the silent ranks split into those on nodes of which no rank answers (gone with their
         node) and those on nodes that answer, which may only wait on a rank that holds the roll call (this one: a
-        rank left waiting on a living peer fails when that peer leaves its collective, after the roll call). Where
-        no node is gone (a rank's own process ended, all nodes up), every silent rank is named, as before."""
+        rank left waiting on a living peer fails when that peer leaves its collective, after the roll call). The
+        same when ranks that answered say their launcher stopped them (``launcher_stopped``: the job is being
+        stopped, one node a little before another): the peer lost was one of them. Where
+        no node is gone and no launcher stopped a rank (a rank's own process ended), every silent rank is named."""
         answering = {self.hosts[r] for r in answered}
         gone = [r for r in silent if self.hosts[r] not in answering]
-        return (gone, [r for r in silent if r not in gone]) if gone else (silent, [])
+        return (gone, [r for r in silent if r not in gone]) if gone or launcher_stopped else (silent, [])
 
     def _on_hosts(self, ranks: list[int]) -> str:
         """``rank 0 on head and ranks 2-3 on worker``."""

@@ -111,6 +111,37 @@ def test_a_roll_call_that_no_store_holds_blames_no_rank(monkeypatch, answered, s
     assert ("stopped answering" in line) == (answered is not None), line
 
 
+@pytest.mark.parametrize(
+    ("said", "line"),
+    [
+        # The job is being stopped (the rendezvous store lost, CI of 3c25d53): compose stops the worker first; its
+        # ranks keep their step and say so; rank 1, on rank 0's own node, still waits on rank 0 in the ring.
+        (
+            {2: True, 3: True},
+            "ranks 2-3 on worker stopped: their launcher ended them (SIGTERM); not answered yet, "
+            "on a node that answers (it may be waiting on this rank): rank 1 on head",
+        ),
+        ({2: False, 3: False}, "rank 1 on head stopped answering: "),  # the controls: no launcher stopped anyone
+        ({1: False}, "ranks 2-3 on worker stopped answering: "),  # a whole node gone
+    ],
+)
+def test_a_rank_silent_beside_ranks_that_their_launcher_stopped_is_not_blamed(monkeypatch, said, line):
+    from types import SimpleNamespace
+
+    from app.train.watch import Watch
+
+    watch = object.__new__(Watch)
+    watch.doing, watch.world, watch.hosts, watch.exchanged_at, watch._where = ("gradient all-reduce", 28), 4, [
+        "head", "head", "worker", "worker"], 20, ""  # fmt: skip
+    watch.ctx = SimpleNamespace(proc=SimpleNamespace(survivors_store=None))
+    watch.answers = {0: {"host": "head", "stopped": False}} | {
+        r: {"host": HOSTS[r] if r < 2 else "worker", "stopped": stopped} for r, stopped in said.items()}  # fmt: skip
+    monkeypatch.setattr(Watch, "_roll_call", lambda self, completed, grace: set(watch.answers))
+    text = watch.explain(RuntimeError("[pair.cc:534] Connection closed by peer [172.18.0.3]:41913"), 27)
+    assert line in text, text
+    assert watch.peers_lost == ("stopped answering" in text) and watch.peers_stopped == ("launcher" in text), text
+
+
 def test_app_nodes_policy_sends_the_slow_nodes_ranks_away_and_the_others_remember_it(monkeypatch, tmp_path):
     """Every rank runs the same rule on the same table (``Watch.pace``): the straggler's ranks raise Leave, the
     others remember which node left; rank 0 writes the eviction to the job's events."""
