@@ -55,5 +55,5 @@ test-gpu: venv ## Tests that need a CUDA GPU (marked gpu; `make test` runs them 
 	$(PY) -m pytest -m gpu tests/unit tests/integration $(PYTEST_ARGS)
 
 .PHONY: test-torchvision
-test-torchvision: venv-tv ## Tests that need torchvision (MNIST, CIFAR-10, ResNet-18), in .venv-tv.
-	$(TV_VENV)/bin/python -m pytest -m torchvision tests/unit tests/integration $(PYTEST_ARGS)
+test-torchvision: venv-tv ## Tests that need torchvision (MNIST, CIFAR-10, ResNet-18), and torch's private names, in .venv-tv.
+	$(TV_VENV)/bin/python -m pytest -m 'torchvision or torch_api' tests/unit tests/integration $(PYTEST_ARGS)

@@ -27,12 +27,14 @@ import multiprocessing.forkserver
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, NoReturn
 
 from app import contract, evict
 from app.errors import UsageError
+from app.node import torch_elastic
 from app.runtime import launcher
 
 START_METHOD = "forkserver"
@@ -62,14 +64,12 @@ def _refuse(message: str) -> NoReturn:
 def parse(words: Sequence[str]) -> argparse.Namespace:
     """torchrun's arguments, read by torchrun's own parser (a bad one: UsageError), with the defaults its
     ``run`` fills in (``--standalone``: c10d on a free local port)."""
-    from torch.distributed.run import get_args_parser, parse_min_max_nnodes
-
-    parser = get_args_parser()
+    parser = torch_elastic.torchrun_parser()
     parser.prog = "torchrun"
     parser.error = _refuse  # type: ignore[method-assign]
     args = parser.parse_args(list(words))
     try:
-        _, most = parse_min_max_nnodes(args.nnodes)
+        _, most = torch_elastic.nnodes_range(args.nnodes)
     except (RuntimeError, ValueError) as error:
         _refuse(f"--nnodes {args.nnodes}: {error}")
     local_only = args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None and most == 1
@@ -108,10 +108,8 @@ class Launch:
 def prepare(args: argparse.Namespace, entrypoint: Callable[[Job], None] | None, server: Server | None) -> Launch:
     """The launch of parsed torchrun ``args``: each rank runs ``entrypoint(job)`` in a fork of ``server``; None
     (or ``--no-python``): torchrun's own launch, a new process per rank."""
-    from torch.distributed.run import config_from_args
-
     try:
-        config, cmd, cmd_args = config_from_args(args)
+        config, cmd, cmd_args = torch_elastic.launch_config(args)
     except (AssertionError, ValueError) as error:  # torchrun's checks of its values
         _refuse(str(error) or type(error).__name__)
     if entrypoint is None or server is None or args.no_python:
@@ -128,7 +126,7 @@ def launch(run: Launch, evicting: bool = False) -> dict:
     never met)."""
     from torch.distributed.launcher import api
 
-    api.LocalElasticAgent = event_agent(evicting)  # the one agent class torch's launch_agent builds, in this process
+    torch_elastic.install(event_agent(evicting))
     return api.elastic_launch(run.config, run.entrypoint)(*run.args)
 
 
@@ -154,22 +152,19 @@ def event_agent(evicting: bool = False) -> type:
     ranks a straggler policy, so their statuses ``evict.LEFT`` and ``evict.PEER_LEFT`` are an eviction's (without
     one they are the script's own, a failure like any other: a script that exits 5 is not restarted forever).
 
-    torch's agent monitors its ranks (``_monitor_workers``): an attempt that failed is a ``RunResult`` whose
-    ``failures`` are torchelastic's ``ProcessFailure`` (exit status or signal, and the rank's error file). Each
-    one becomes a WORKER_FAILED record. Restarts stop (no attempt is left, so torch's agent ends the job with
-    its ChildFailedError, and a GAVE_UP record says why) when a rank ended with status 2 (bad input, the same at
-    every attempt) or when a rank failed exactly as in the attempt before: the same exit status and the same error
-    (its peers' errors, which name ports and steps, may differ; a SIGKILL in either attempt, the engine's or the
-    OOM killer's: not the script's doing, restarted).
+    torch's agent monitors its ranks (``monitored``, app/node/torch_elastic.py's hook): an attempt that failed is a
+    ``RunResult`` whose ``failures`` are torchelastic's ``ProcessFailure`` (exit status or signal, and the rank's
+    error file). Each one becomes a WORKER_FAILED record. Restarts stop (no attempt is left, so torch's agent ends
+    the job with its ChildFailedError, and a GAVE_UP record says why) when a rank ended with status 2 (bad input,
+    the same at every attempt) or when a rank failed exactly as in the attempt before: the same exit status and the
+    same error (its peers' errors, which name ports and steps, may differ; a SIGKILL in either attempt, the
+    engine's or the OOM killer's: not the script's doing, restarted).
     """
-    from torch.distributed import DistStoreError
     from torch.distributed.elastic.agent.server.api import WorkerState
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-    from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
     from app import events
 
-    class EventAgent(LocalElasticAgent):
+    class EventAgent(torch_elastic.agent_class()):
         _before: frozenset | None = None
         """The failure of the attempt before: (rank, exit status, error) of each rank that failed."""
         _met: bool = False
@@ -177,42 +172,41 @@ def event_agent(evicting: bool = False) -> type:
         _round: frozenset = frozenset()
         """The nodes of this agent's rendezvous round (torch's node descriptors), once it is complete."""
 
-        def _rendezvous(self, worker_group):  # (torch's signature)
+        def join(self, join_round: Callable[[], None], handler: Any) -> None:
             for tries_left in reversed(range(ROUND_TRIES)):
                 try:
-                    with contextlib.nullcontext() if self._met else first_round(worker_group.spec.rdzv_handler):
-                        super()._rendezvous(worker_group)
+                    with contextlib.nullcontext() if self._met else first_round(handler):
+                        join_round()
                     break
-                except DistStoreError as error:
-                    if not tries_left or RendezvousStoreInfo.MASTER_ADDR_KEY not in str(error):
+                except Exception as error:
+                    if not tries_left or not torch_elastic.lost_rank_0(error):
                         raise
                     print(NO_RANK_0, flush=True)  # torch's next_rendezvous leaves the round first: the next one
-            self._met, self._round = True, round_nodes(worker_group.spec.rdzv_handler)
+            self._met, self._round = True, round_nodes(handler)
 
-        def _monitor_workers(self, worker_group):  # (torch's signature)
-            result = super()._monitor_workers(worker_group)
-            if result.state == WorkerState.FAILED:  # the first rank's exit, written at once (the runner names
-                attempt = worker_group.spec.max_restarts - self._remaining_restarts  # the first one it reads)
-                codes = {failure.exitcode for failure in result.failures.values()}
-                if evicting and evict.LEFT in codes:  # its node was evicted: it leaves the round (left open)
-                    leave_round(worker_group.spec.rdzv_handler)
-                    raise evicted_error()("this node was evicted from the job", signal.SIGTERM)
-                self._write(result.failures, attempt)
-                time.sleep(SETTLE_S)  # let the others' failures land too: a rank that raised often exits just
-                later = super()._monitor_workers(worker_group)  # after the peers it cut off
-                if later.state == WorkerState.FAILED:
-                    self._write({r: f for r, f in later.failures.items() if r not in result.failures}, attempt)
-                    result.failures = {**later.failures, **result.failures}
-                if self._no_failure(result.failures, worker_group.spec.rdzv_handler):
-                    self._remaining_restarts += 1  # torch's restart takes it: this one is not counted
-                else:
-                    self._judge(result.failures, attempt)
+        def monitored(self, result: Any, again: Callable[[], Any], spec: Any) -> Any:
+            if result.state != WorkerState.FAILED:
+                return result
+            attempt = spec.max_restarts - self.restarts_left  # the first rank's exit, written at once (the runner
+            codes = {failure.exitcode for failure in result.failures.values()}  # names the first one it reads)
+            if evicting and evict.LEFT in codes:  # its node was evicted: it leaves the round (left open)
+                leave_round(spec.rdzv_handler)
+                raise evicted_error()("this node was evicted from the job", signal.SIGTERM)
+            self._write(result.failures, attempt)
+            time.sleep(SETTLE_S)  # let the others' failures land too: a rank that raised often exits just
+            later = again()  # after the peers it cut off
+            if later.state == WorkerState.FAILED:
+                self._write({r: f for r, f in later.failures.items() if r not in result.failures}, attempt)
+                result.failures = {**later.failures, **result.failures}
+            if self._no_failure(result.failures, spec.rdzv_handler):
+                self.restarts_left += 1  # torch's restart takes it: this one is not counted
+            else:
+                self._judge(result.failures, attempt)
             return result
 
-        def _restart_workers(self, worker_group):  # (torch's signature)
-            if worker_group.state == WorkerState.HEALTHY:  # torch's agent saw a node waiting to join: no failure
+        def restarting(self, healthy: bool) -> None:
+            if healthy:  # torch's agent saw a node waiting to join: no failure
                 self._regroup()
-            super()._restart_workers(worker_group)
 
         @staticmethod
         def _regroup() -> None:
@@ -251,7 +245,7 @@ def event_agent(evicting: bool = False) -> type:
                 rank, message = bad or min((r, m) for r, _, m in again)
                 reason = events.BAD_INPUT if bad else events.REPEATED
                 events.write(events.GAVE_UP, rank, reason=reason, message=message, attempts=attempt + 1)
-                self._remaining_restarts = 0  # torch's agent ends the job: this attempt was the last
+                self.restarts_left = 0  # torch's agent ends the job: this attempt was the last
 
     return EventAgent
 
@@ -277,19 +271,11 @@ def leave_round(handler: Any) -> None:
     """Take this node out of the rendezvous round it is in, as the others' agents do before their next round, and
     stop its heartbeats: the others' next round starts without it at once (a node that died is dropped only after
     its missed heartbeats). The rendezvous stays open; the handler is kept (``_left_rounds``)."""
-    from torch.distributed.elastic.rendezvous import RendezvousError
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
-
     _left_rounds.append(handler)
-    if not isinstance(handler, dynamic.DynamicRendezvousHandler):  # c10d's; others cannot be elastic here
-        return
-    handler._stop_heartbeats()
-    with contextlib.suppress(RendezvousError):  # the store is gone: the others drop this node by its heartbeats
-        handler._op_executor.run(dynamic._RendezvousExitOp(), handler._get_deadline(handler._settings.timeout.close))
+    torch_elastic.leave(handler)
 
 
-@contextlib.contextmanager
-def first_round(handler: Any) -> Iterator[None]:
+def first_round(handler: Any) -> contextlib.AbstractContextManager:
     """While entered, an elastic c10d rendezvous (fewer --min-nodes than nodes) waits for all its nodes for
     ``FIRST_ROUND_SHARE`` of its join timeout once --min-nodes have joined, not the rendering's short last call.
 
@@ -297,47 +283,33 @@ def first_round(handler: Any) -> Iterator[None]:
     make the first round, and the job's global batch is that of all its nodes (a job that started on fewer
     could not grow to them at the same global batch). A node that never comes is waited for that long, then the
     job starts with the others. A node that starts later joins a running job: the others are all there, the
-    round completes at once. torch sets the last call on the handler's settings only; this changes it there.
+    round completes at once.
     """
-    settings = getattr(handler, "_settings", None)  # torch's DynamicRendezvousHandler (c10d); others: as they are
-    if settings is None or settings.min_nodes == settings.max_nodes:
-        yield
-        return
-    timeout = settings.timeout
-    short = timeout.last_call
-    timeout._set_timeouts(last_call=max(short, timeout.join * FIRST_ROUND_SHARE))
-    try:
-        yield
-    finally:
-        timeout._set_timeouts(last_call=short)
 
+    def longest(least: int, most: int, join: timedelta, short: timedelta) -> timedelta:
+        return short if least == most else max(short, join * FIRST_ROUND_SHARE)
 
-def _rendezvous_state(handler: Any) -> Any:
-    """The rendezvous state as the handler last read it (c10d's handler, torch's private state); None for others."""
-    holder = getattr(handler, "_state_holder", None)
-    return holder.state if holder is not None else None
+    return torch_elastic.last_call(handler, longest)
 
 
 def round_nodes(handler: Any) -> frozenset:
     """The nodes of the handler's rendezvous round as its state last read (c10d's handler); others: none known."""
-    state = _rendezvous_state(handler)
-    return frozenset(state.participants) if state is not None else frozenset()
+    state = torch_elastic.round_state(handler)
+    return state[0] if state is not None else frozenset()
 
 
 def newcomers(handler: Any, round_nodes: frozenset) -> frozenset:
     """The nodes that wait to join (as ``num_nodes_waiting`` last read them) and were not in ``round_nodes``: new to
     the job, or started again (a new agent); not a peer whose agent restarted its ranks after this round failed.
     Unknown (a handler without c10d's state): every waiting node."""
-    state = _rendezvous_state(handler)
-    return frozenset({"unknown"}) if state is None else frozenset(state.wait_list) - round_nodes
+    state = torch_elastic.round_state(handler)
+    return frozenset({"unknown"}) if state is None else state[1] - round_nodes
 
 
 def error_of(failure: Any) -> str:
     """The error a failed rank wrote to torchelastic's error file (its one line, or its exception); "" when it
     wrote none (killed, or a script that raised outside ``record``)."""
-    from torch.distributed.elastic.multiprocessing.errors import _NOT_AVAILABLE
-
-    if failure.error_file == _NOT_AVAILABLE:  # torch's mark of a rank that left no error file
+    if torch_elastic.wrote_no_error_file(failure):
         return ""
     message = failure.message  # the file's "message": a string, or {"message": ..., "extraInfo": ...}
     return str(message.get("message", "") if isinstance(message, dict) else message).strip()

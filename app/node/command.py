@@ -42,7 +42,7 @@ from typing import TextIO
 from app import cli, contract, events, evict, flags, metrics
 from app.diagnostics.gate_config import GateConfig
 from app.errors import ClusterError, Stopped, UsageError, first_line
-from app.node import agent
+from app.node import agent, torch_elastic
 from app.runtime import launcher
 
 PRELOAD = (
@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
     server = agent.start_forkserver(PRELOAD) if node.fork else None  # first: it imports while this process does
     from app.diagnostics import gate  # torch
 
+    torch_elastic.refuse_unproven()
     parsed = agent.parse(words)
     if node.serve_metrics:
         print(serve_metrics(node.metrics_port, parsed), flush=True)

@@ -115,7 +115,7 @@ def _agent_after(*attempts: list[tuple[int, int, str]], path: Path) -> object:
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
     watcher = object.__new__(agent.event_agent())  # its monitoring alone: no rendezvous, no ranks
-    watcher._remaining_restarts = 5
+    watcher.restarts_left = 5
     for attempt, failures in enumerate(attempts):
         found = {}
         for rank, code, message in failures:
@@ -157,7 +157,7 @@ def test_the_agent_writes_each_failure_and_stops_restarting_what_no_restart_cure
     assert failed == [tuple(f) for attempt in attempts for f in sorted(attempt)]
     said = [(r["rank"], r["reason"], r["attempts"]) for r in records if r["kind"] == events.GAVE_UP]
     assert said == ([gave_up] if gave_up else [])
-    assert watcher._remaining_restarts == (0 if gave_up else 5)
+    assert watcher.restarts_left == (0 if gave_up else 5)
 
 
 def test_ddp_node_gives_the_agent_the_rendered_node_flags_before_torchruns_arguments(tmp_path: Path) -> None:
@@ -231,35 +231,35 @@ def test_an_evicted_nodes_agent_leaves_and_a_change_of_the_jobs_nodes_is_no_rest
                     in enumerate(codes)}  # fmt: skip
         cls = agent.event_agent(evicting)
         watcher = cls.__new__(cls)
-        watcher._remaining_restarts, watcher._before, watcher._round = 2, None, frozenset(round_nodes)
-        base = cls.__mro__[1]
+        watcher._before, watcher._round = None, frozenset(round_nodes)
+        watcher.restarts_left = 2
         handler = Handler(waiting)
         if wait_list is not None:  # c10d's handler: its state as num_nodes_waiting last read it
-            handler._state_holder = SimpleNamespace(state=SimpleNamespace(wait_list=set(wait_list)))
+            handler._state_holder = SimpleNamespace(state=SimpleNamespace(participants=set(), wait_list=set(wait_list)))
+        result = RunResult(WorkerState.FAILED, {}, failures)
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(base, "_monitor_workers", lambda self, group: RunResult(WorkerState.FAILED, {}, failures))
             patch.setattr(agent, "SETTLE_S", 0.0)
             patch.setattr(agent, "leave_round", lambda found: left.append(found))
-            watcher._monitor_workers(SimpleNamespace(spec=SimpleNamespace(max_restarts=2, rdzv_handler=handler)))
+            watcher.monitored(result, lambda: result, SimpleNamespace(max_restarts=2, rdzv_handler=handler))
         return watcher
 
     left: list = []
-    assert monitored([evict.PEER_LEFT, evict.PEER_LEFT])._remaining_restarts == 3  # torch takes one back: 2
-    assert monitored([1, evict.PEER_LEFT])._remaining_restarts == 2  # a failure among them: counted
-    assert monitored([1], waiting=1)._remaining_restarts == 3  # a node waits to join: not counted
-    assert monitored([1], waiting=None)._remaining_restarts == 2  # the store is gone: counted
+    assert monitored([evict.PEER_LEFT, evict.PEER_LEFT]).restarts_left == 3  # torch takes one back: 2
+    assert monitored([1, evict.PEER_LEFT]).restarts_left == 2  # a failure among them: counted
+    assert monitored([1], waiting=1).restarts_left == 3  # a node waits to join: not counted
+    assert monitored([1], waiting=None).restarts_left == 2  # the store is gone: counted
     with pytest.raises(agent.evicted_error()):
         monitored([evict.LEFT, evict.LEFT])
     assert len(left) == 1 and isinstance(left[0], Handler)
     # A node waits to join that was in this agent's round: a peer whose agent restarted after this very failure (the
     # compose test's rank that raised at every attempt got an uncounted third attempt when the peer came back first).
     peer, newcomer = "worker-1 (pid 7)", "worker-2 (pid 9)"
-    assert monitored([1], waiting=1, wait_list={peer}, round_nodes={"head (pid 5)", peer})._remaining_restarts == 2
-    assert monitored([1], waiting=1, wait_list={newcomer}, round_nodes={"head (pid 5)", peer})._remaining_restarts == 3
+    assert monitored([1], waiting=1, wait_list={peer}, round_nodes={"head (pid 5)", peer}).restarts_left == 2
+    assert monitored([1], waiting=1, wait_list={newcomer}, round_nodes={"head (pid 5)", peer}).restarts_left == 3
     # Without a straggler policy no node is evicted: those statuses are the script's own, failures like any other
     # (a script that left with 5 on every rank was restarted for ever, uncounted).
-    assert monitored([evict.PEER_LEFT, evict.PEER_LEFT], evicting=False)._remaining_restarts == 2
-    assert monitored([evict.LEFT, evict.LEFT], evicting=False)._remaining_restarts == 2 and len(left) == 1
+    assert monitored([evict.PEER_LEFT, evict.PEER_LEFT], evicting=False).restarts_left == 2
+    assert monitored([evict.LEFT, evict.LEFT], evicting=False).restarts_left == 2 and len(left) == 1
 
 
 def test_a_rank_names_its_process_where_setproctitle_is_installed_and_goes_on_where_it_is_not(monkeypatch):

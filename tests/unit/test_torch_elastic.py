@@ -1,0 +1,108 @@
+"""Every private name of torch that app node's agent uses (app/node/torch_elastic.py), checked on the torch installed:
+a torch that renames or re-signs one fails here, and app node refuses it in one line.
+
+    .venv/bin/python -m pytest -m torch_api tests/unit      # make test runs it on .venv's torch and on .venv-tv's
+"""
+
+import operator
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from app.node import agent, torch_elastic
+from app.node.torch_elastic import PRIVATE, Private
+
+pytestmark = pytest.mark.torch_api
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def real_ones() -> dict[str, object]:
+    """A real c10d rendezvous handler (on an in-process store), its state, and a real agent of it: the objects
+    whose instances carry the names set in __init__."""
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    store = dist.HashStore()
+    handler = dynamic.DynamicRendezvousHandler.from_backend(
+        "job", store, C10dRendezvousBackend(store, "job"), 1, 2, local_addr="node0"
+    )
+    spec = WorkerSpec(role="trainer", local_world_size=1, rdzv_handler=handler, entrypoint="x.py", max_restarts=3)
+    return {
+        "LocalElasticAgent": LocalElasticAgent(spec, DefaultLogsSpecs(), start_method="spawn"),
+        "DynamicRendezvousHandler": handler,
+        "_RendezvousState": handler._state_holder.state,
+    }
+
+
+@pytest.mark.parametrize("name", PRIVATE, ids=str)
+def test_each_private_name_is_there_as_the_agent_uses_it(name: Private) -> None:
+    if not name.on_instance:
+        assert torch_elastic.problem(name) is None, f"torch {torch.__version__}: {torch_elastic.problem(name)}"
+        return
+    owner, attribute = name.name.split(".", 1)
+    instance = real_ones()[owner]
+    operator.attrgetter(attribute)(instance)  # AttributeError: torch renamed it
+
+
+def test_the_agent_reads_and_changes_a_real_handler_through_them() -> None:
+    handler = real_ones()["DynamicRendezvousHandler"]
+    assert agent.round_nodes(handler) == frozenset() and agent.newcomers(handler, frozenset()) == frozenset()
+    short = handler._settings.timeout.last_call
+    with agent.first_round(handler):  # min 1, max 2: elastic, so the first round waits half the join timeout
+        assert handler._settings.timeout.last_call == handler._settings.timeout.join * agent.FIRST_ROUND_SHARE
+    assert handler._settings.timeout.last_call == short
+    agent.leave_round(handler)  # it never joined: the exit op finds nothing to leave
+
+
+def test_a_renamed_or_re_signed_name_is_named_and_app_node_refuses_that_torch_in_one_line(monkeypatch) -> None:
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
+
+    assert torch_elastic.missing() == []  # the control
+    monkeypatch.delattr(dynamic.DynamicRendezvousHandler, "_stop_heartbeats")
+    monkeypatch.setattr(LocalElasticAgent, "_monitor_workers", lambda self, worker_group, deadline: None)
+    found = torch_elastic.missing()
+    assert found == [
+        f"{torch_elastic.AGENT}.LocalElasticAgent._monitor_workers(self, worker_group) takes (self, worker_group, "
+        "deadline) now",
+        f"{torch_elastic.DYNAMIC}.DynamicRendezvousHandler._stop_heartbeats(self) is missing",
+    ], found
+    with pytest.raises(torch_elastic.UsageError) as refused:
+        torch_elastic.refuse_unproven()
+    assert str(refused.value) == (
+        f"torch {torch.__version__} is not one that app node's agent works with: {found[0]} (and 1 more); install a "
+        "torch that the node extra of pyproject.toml allows (app/node/torch_elastic.py lists what it uses)"
+    )
+
+
+def test_app_node_on_a_torch_without_a_name_says_so_in_one_line_and_starts_nothing(tmp_path: Path) -> None:
+    """A real ``python -m app node`` whose torch lacks one name (removed before app starts): exit 2, one line."""
+    remove = (
+        "import runpy, sys; from torch.distributed.elastic.rendezvous import dynamic_rendezvous as d; "
+        "del d._RendezvousExitOp; sys.argv = ['app', 'node', '--no-fork', '--', '--standalone', '-m', 'app', "
+        "'check']; runpy.run_module('app', run_name='__main__')"
+    )
+    done = subprocess.run([sys.executable, "-c", remove], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-3000:]
+    assert "_RendezvousExitOp() is missing; install a torch" in lines[0] and "Traceback" not in done.stderr, lines
+
+
+def test_the_range_pyproject_states_is_the_torch_of_every_venv_that_runs_this() -> None:
+    """pyproject.toml's node extra names the releases this test runs on (.venv's torch and .venv-tv's)."""
+    import tomllib
+
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["node"]
+    [torch_line] = [line for line in extra if line.startswith("torch")]
+    release = Version(torch.__version__).base_version
+    assert release in SpecifierSet(torch_line.removeprefix("torch")), (torch_line, torch.__version__)
