@@ -25,24 +25,23 @@ cluster's job name) and ``node`` (the host name, as ``docker ps`` and the runner
     ddp_node_gate_kept_out              1 while its gate keeps it out
   per job
     ddp_job_step, ddp_job_samples_per_second, ddp_job_world_size, ddp_job_global_batch_size,
-    ddp_job_accumulation_steps, ddp_job_restarts_total, ddp_job_resizes_total, ddp_job_evictions_total,
+    ddp_job_accumulation_steps, ddp_job_restarts_total, ddp_job_regroups_total, ddp_job_resizes_total,
+    ddp_job_evictions_total,
     ddp_job_steps_lost_total, ddp_job_last_checkpoint_step, ddp_job_last_checkpoint_timestamp_seconds
 """
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from app import events
+from app import events, job_state
 from app.errors import UsageError
-from app.orchestrate import status
 
 PREFIX = "ddp_"
 
 
-def families(job: str, node: str, records: list[dict], now: float) -> list[Any]:
+def families(job: str, node: str, records: list[dict]) -> list[Any]:
     """The metric families that ``node`` serves in ``job`` from the job's event records (prometheus-client's
     objects). Each series has one source, so that a Prometheus that scrapes every node counts nothing twice and
     a node's own events file is enough on engines without a shared one: the node that held rank 0 at the last
@@ -50,9 +49,9 @@ def families(job: str, node: str, records: list[dict], now: float) -> list[Any]:
     each node serves its own gate and device series; before the first exchange every node serves the job's."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-    state = status.fold(job, records, {}, now)
-    mine, _, ended = status.this_job(records)
-    exchange = next((r for r in reversed(mine) if r.get("kind") == events.EXCHANGE), None)
+    state = job_state.fold(records)
+    mine = job_state.this_job(records)[0]
+    exchange = state.exchange
     hosts = (exchange or {}).get("hosts") or []
     speaks_for_job = exchange is None or hosts[:1] == [node]
     found = []
@@ -79,29 +78,33 @@ def families(job: str, node: str, records: list[dict], now: float) -> list[Any]:
     if exchange:
         _rank_families(job, exchange, gauge)
     known = sorted({*hosts, *(g.get("node") for g in gates if g.get("node"))} or {node})
-    training = ended is None and not state.recovering  # a rank failed since the last exchange: none trains
+    training = not state.ended and not state.recovering  # a rank failed since the last exchange: none trains
     gauge("node_training", "1 while the node's ranks are in the job's last exchange of step times.", job_labels,
           [([job, name], float(training and name in hosts)) for name in known])  # fmt: skip
+    ex = exchange or {}
     for name, doc, value in (
-        ("job_step", "Optimizer step at the last exchange of step times.", state.step),
-        ("job_samples_per_second", "Training samples per second at the last exchange.", state.samples_per_s),
-        ("job_world_size", "Ranks in the job.", state.world_size),
-        ("job_global_batch_size", "Samples per optimizer step over all ranks.", state.global_batch),
-        ("job_accumulation_steps", "Micro-batches per optimizer step.", state.accum_steps),
+        ("job_step", "Optimizer step at the last exchange of step times.", ex.get("step")),
+        ("job_samples_per_second", "Training samples per second at the last exchange.", ex.get("samples_per_s")),
+        ("job_world_size", "Ranks in the job.", ex.get("world_size")),
+        ("job_global_batch_size", "Samples per optimizer step over all ranks.", ex.get("global_batch")),
+        ("job_accumulation_steps", "Micro-batches per optimizer step.", ex.get("accum_steps")),
         ("job_last_checkpoint_step", "Step of the last checkpoint.", (state.checkpoint or {}).get("step")),
     ):
         if value is not None:
             gauge(name, doc, job_labels, [(at_job, float(value))])
     if state.checkpoint:
         gauge("job_last_checkpoint_timestamp_seconds", "When the last checkpoint was taken (seconds since the epoch).",
-              job_labels, [(at_job, now - state.checkpoint["age_s"])])  # fmt: skip
-    lost = sum(max((r.get("reached") or 0) - (r.get("from_step") or 0), 0) for r in mine
-               if r.get("kind") == events.RESUMED)  # fmt: skip
+              job_labels, [(at_job, state.checkpoint["time"])])  # fmt: skip
     for name, doc, value in (
         ("job_restarts", "Times the job ran again after a failure.", state.restarts),
+        ("job_regroups", "Times the job ran again after a node joined (no failure).", state.regroups),
         ("job_resizes", "Times the job resumed on another number of ranks.", state.resizes),
         ("job_evictions", "Times a slow node was taken out of the running job.", state.evictions),
-        ("job_steps_lost", "Steps trained again after failures (reached, less the step resumed from).", lost),
+        (
+            "job_steps_lost",
+            "Steps trained again after failures (reached, less the step resumed from).",
+            state.steps_lost,
+        ),
     ):
         family = CounterMetricFamily(PREFIX + name, doc, labels=job_labels)
         family.add_metric(at_job, float(value))
@@ -128,8 +131,8 @@ class EventsCollector:
     """prometheus-client's custom collector: the families of ``node`` from ``events_file``, whose new records are
     read at each scrape (the file only grows; scrapes come on threads of their own)."""
 
-    def __init__(self, job: str, node: str, events_file: Path, clock: Callable[[], float] = time.time) -> None:
-        self.job, self.node, self.events_file, self.clock = job, node, events_file, clock
+    def __init__(self, job: str, node: str, events_file: Path) -> None:
+        self.job, self.node, self.events_file = job, node, events_file
         self._records: list[dict] = []
         self._offset = 0
         self._lock = threading.Lock()
@@ -139,7 +142,7 @@ class EventsCollector:
             new, self._offset = events.read(self.events_file, self._offset)
             self._records += new
             records = list(self._records)
-        yield from families(self.job, self.node, records, self.clock())
+        yield from families(self.job, self.node, records)
 
 
 def serve(port: int, address: str, job: str, node: str, events_file: Path) -> str:

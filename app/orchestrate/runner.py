@@ -46,6 +46,7 @@ Results are copied to --results.
 """
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import json
@@ -60,7 +61,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app import contract, events, evict, flags, logs, progress
+from app import contract, events, evict, flags, job_state, logs, progress
 from app.atomic import atomic_write_text
 from app.errors import ClusterError, UsageError
 from app.flags import flag
@@ -126,11 +127,6 @@ class Incident:
         first = self._first()
         return first[3] if first else None
 
-    @property
-    def only_stopped(self) -> bool:
-        """Every failure seen is a rank that its launcher stopped, or one whose peers it stopped."""
-        return all(kind in (CUT_SHORT, STOPPED) for kind, *_ in self.causes)
-
 
 BAD_INPUT = "bad input fails the same way on every attempt"
 """Why a job whose rank said its input is bad (exit status 2) is not restarted."""
@@ -165,8 +161,8 @@ class Run:
     """Started by make's cluster targets (--make): the hints name them (``hint``)."""
     restarts: int = 0
     """Worker containers started again."""
-    resumptions: int = 0
-    """Times the job resumed after a failure."""
+    resumed_as: collections.Counter = field(default_factory=collections.Counter)
+    """The job's resumes by what each was (``job_state.resume_kind``: RESTART, EVICTION, REGROUP, CONTINUED)."""
     incident: Incident | None = None
     """The failure the job has not yet resumed from."""
     errors: list[str] = field(default_factory=list)
@@ -192,10 +188,8 @@ class Run:
     notes: list[str] = field(default_factory=list)
     evicting: dict[str, float] = field(default_factory=dict)
     """Node containers stopped by an eviction -> seconds each waits before it is started again (its gate)."""
-    left: list[str] = field(default_factory=list)
-    """Evicted nodes whose leaving the next resume is (not a failure: no restart line)."""
-    regrouped: bool = False
-    """A node's agent stopped its ranks for a node waiting to join (``events.REGROUP``) since the job last ran."""
+    since: list[dict] = field(default_factory=list)
+    """The job's records since it last ran: what the next resume was (``job_state.resume_kind``)."""
     stopped_ranks: set[int] = field(default_factory=set)
     """Ranks whose error said their peers were stopped by their launcher (``events.PEERS_STOPPED``)."""
     returned: dict[str, tuple[float, float]] = field(default_factory=dict)
@@ -274,6 +268,8 @@ class Run:
         node's agent restarts no more. The runner knows what happened from these facts alone."""
         kind = record.get("kind")
         node = self.container_of(str(record.get("node") or "?"))
+        with self.lock:
+            self.since.append(record)
         if kind == events.RANK_ENDED and record.get("rank") is not None:
             with self.lock:
                 self.rank_ended[int(record["rank"])] = float(record["time"])
@@ -287,9 +283,6 @@ class Run:
             self.resumed(progress.Resumed(int(record["from_step"]), record.get("checkpoint"), record.get("reached")))
         elif kind == events.GATE:
             self.gated(node, record)
-        elif kind == events.REGROUP:
-            with self.lock:
-                self.regrouped = True
         elif kind == events.EXCHANGE and self.watch is not None:
             self.paced(record)
 
@@ -306,7 +299,6 @@ class Run:
                 if name in self.evicting:
                     return
                 self.evicting[name] = wait
-                self.left.append(name)
             self.say(found.line(wait))
             fields = {"factor": round(found.factor, 2), "exchanges": found.exchanges, "window_s": found.window_s}
             events.write(events.EVICTED, events_file=compose.events_file(self.folder), evicted=name, **fields,
@@ -393,23 +385,25 @@ class Run:
             self.say(f"cluster: node {node} kept out: {detail}{retry}{going_on}")
 
     def resumed(self, resumed: progress.Resumed) -> None:
-        """The job runs again: one line for the restart, with the failure's cause."""
+        """The job runs again: one line for the restart, with the failure's cause; none when it was no failure
+        (``job_state.resume_kind``: an evicted node left, or a node joined, or nothing failed)."""
         with self.lock:
             incident, self.incident, self.errors = self.incident, None, []
-            regrouped, self.regrouped = self.regrouped, False
+            since, self.since = self.since, []
             self.raised.clear()
             self.rank_ended.clear()
             self.stopped_ranks.clear()
-        if incident is None or (regrouped and incident.only_stopped and not self.left):  # a run that continues
-            self.say(f"cluster: {resumed.line().removeprefix('train: ')}")  # an earlier job; or a node joined: the
-            return  # agents stopped their ranks for the new round, some saw a collective cut short: no failure
-        if self.left:  # the ranks lost were an evicted node's: no failure
-            with self.lock:
-                gone, self.left = self.left, []
-            self.say(f"cluster: the job goes on without {', '.join(gone)}: {resumed.line().removeprefix('train: ')}")
-            return
-        self.resumptions += 1
-        self.say(f"cluster: restart {self.resumptions}: {incident.cause}; {resumed.line().removeprefix('train: ')}")
+        said = resumed.line().removeprefix("train: ")
+        kind = job_state.resume_kind(since)
+        self.resumed_as[kind] += 1
+        if kind == job_state.EVICTION:  # the ranks lost were an evicted node's
+            gone = dict.fromkeys(self.container_of(str(r.get("evicted"))) for r in since if r["kind"] == events.EVICTED)
+            self.say(f"cluster: the job goes on without {', '.join(gone)}: {said}")
+        elif kind == job_state.RESTART:
+            cause = incident.cause if incident else "a rank failed"
+            self.say(f"cluster: restart {self.resumed_as[job_state.RESTART]}: {cause}; {said}")
+        else:  # an earlier job's checkpoint; or a node joined: the agents stopped their ranks for the new round
+            self.say(f"cluster: {said}")
 
     def give_up(self, why: str, status: int, line: str = "") -> None:
         """Stop a job that failed in a way no restart can cure (its agents would restart it).

@@ -23,15 +23,11 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 
-from app import events
+from app import events, job_state
 
 TRAINING, KEPT_OUT, RESTARTING, DOWN, JOINING, IDLE = "training", "kept out", "restarting", "down", "joining", "idle"
 EVICTED = "evicted"
 """Taken out of the running job as a straggler (``events.EVICTED``), not yet back in an exchange."""
-STOPS_THE_RANKS = (events.WORKER_FAILED, events.RANK_ENDED, events.ERROR, events.NODE_LOST, events.REGROUP)
-"""Records after which no rank trains until the next exchange: a rank's process ended (its agent's word, or the
-rank's own), a rank's one-line error, a node's container lost (the runner's word), an agent stopping its ranks for
-a new member."""
 
 
 @dataclass
@@ -66,54 +62,26 @@ class Status:
     recovering: bool = False
     """A rank failed (or the ranks regrouped) since the last exchange: no node trains until the next one."""
     restarts: int = 0
-    """Times the job ran again after a failure (rank 0's resumes, less those after an eviction)."""
+    """Times the job ran again after a failure (``job_state.resume_kind``: as the runner's lines count them)."""
+    regroups: int = 0
+    """Times the job ran again after a node joined (not a failure)."""
     resizes: int = 0
     evictions: int = 0
     """Times a straggler left the running job (taken out by the runner, or by its own agent: app node)."""
 
 
-def this_job(records: list[dict]) -> tuple[list[dict], dict | None, dict | None]:
-    """The records since the last job's start, that start, and its end (None: it runs, or none ended). Without a
-    start (a node run without the cluster runner: ``app node``, an Ansible or Kubernetes node) every record is the
-    job's."""
-    starts = [i for i, r in enumerate(records) if r.get("kind") == events.JOB_STARTED]
-    mine = records[starts[-1] :] if starts else records
-    if not starts:
-        return mine, None, None
-    ended = next((r for r in mine if r.get("kind") == events.JOB_ENDED), None)
-    return mine, mine[0], ended
-
-
 def fold(cluster: str, records: list[dict], containers: dict[str, str], now: float) -> Status:
-    """The status of ``cluster`` from its events and its node containers' states (name -> engine state)."""
-    mine, started, ended = this_job(records)
-    status = Status(cluster, running=started is not None and ended is None)
-    status.started = started["time"] if started else None
-    status.ended_status = ended.get("status") if ended else None
-    last_exchange, failed_at, gates, gated_at, evicted_at, stopped_at = None, {}, {}, {}, {}, 0.0
-    for record in mine:
-        kind = record.get("kind")
-        if kind == events.EXCHANGE:
-            last_exchange = record
-        elif kind == events.CHECKPOINT:
-            status.checkpoint = {"step": record.get("step"), "path": record.get("path"), "time": record["time"]}
-        elif kind == events.RESIZE:
-            status.resizes += 1
-        elif kind == events.RESUMED:
-            status.restarts += 1
-        elif kind in STOPS_THE_RANKS:
-            stopped_at = record["time"]
-            if kind != events.REGROUP:
-                failed_at[record.get("lost") or record.get("node")] = record["time"]
-        elif kind == events.GATE:
-            gates[record.get("node")] = record.get("verdict")
-            gated_at[record.get("node")] = record["time"]
-        elif kind == events.EVICTED:
-            status.evictions += 1
-            evicted_at[record.get("evicted")] = record["time"]
-    status.restarts = max(status.restarts - status.evictions, 0)  # an eviction's resume is no failure's
-    if status.checkpoint:
-        status.checkpoint["age_s"] = round(now - status.checkpoint.pop("time"), 1)
+    """The status of ``cluster`` from its events (``job_state.fold``) and its node containers' states (name ->
+    engine state)."""
+    job = job_state.fold(records)
+    status = Status(cluster, running=job.started is not None and not job.ended, started=job.started)
+    status.ended_status = job.ended_status
+    status.restarts, status.regroups, status.resizes = job.restarts, job.regroups, job.resizes
+    status.evictions = job.evictions
+    if job.checkpoint:
+        status.checkpoint = {**job.checkpoint, "age_s": round(now - job.checkpoint["time"], 1)}
+        del status.checkpoint["time"]
+    last_exchange = job.exchange
     hosts = (last_exchange or {}).get("hosts") or []
     if last_exchange:
         status.step = last_exchange.get("step")
@@ -127,18 +95,19 @@ def fold(cluster: str, records: list[dict], containers: dict[str, str], now: flo
                           "factor": round(factor, 2) if factor else None}  # fmt: skip
     exchanged_at = last_exchange["time"] if last_exchange else 0.0
     lost = any(containers.get(host, "running") != "running" for host in hosts)  # a node of the last exchange is gone
-    status.recovering = status.running and (stopped_at > exchanged_at or lost)
+    status.recovering = status.running and (job.recovering or lost)
     for name, container in containers.items():
         node = Node(name, container, ranks=[r for r, h in enumerate(hosts) if h == name])
+        gate = job.gates.get(name, {})
         if not status.running:
             node.state = IDLE
-        elif evicted_at.get(name, 0.0) > exchanged_at or (name in evicted_at and not node.ranks):
+        elif job.evicted_at.get(name, 0.0) > exchanged_at or (name in job.evicted_at and not node.ranks):
             node.state = EVICTED
-        elif container == "restarting" or failed_at.get(name, 0.0) > max(exchanged_at, gated_at.get(name, 0.0)):
+        elif container == "restarting" or job.failed_at.get(name, 0.0) > max(exchanged_at, gate.get("time", 0.0)):
             node.state = RESTARTING
         elif container != "running":
             node.state = DOWN
-        elif gates.get(name) == events.KEPT_OUT:
+        elif gate.get("verdict") == events.KEPT_OUT:
             node.state = KEPT_OUT
         elif node.ranks and not status.recovering:
             node.state = TRAINING
@@ -179,7 +148,9 @@ def format_table(status: Status, now: float) -> str:
         lines.append(f"slowest: {s['host']} (rank {s['rank']}), busy {s['factor']:.2f}x the median per step")
     c = status.checkpoint
     lines.append(f"last checkpoint: step {c['step']}, {c['age_s']:.0f} s ago ({c['path']})" if c else "no checkpoint")
-    lines.append(f"restarts {status.restarts}, resizes {status.resizes}, evictions {status.evictions}")
+    counts = {"restarts": status.restarts, "regroups": status.regroups, "resizes": status.resizes,
+              "evictions": status.evictions}  # fmt: skip
+    lines.append(", ".join(f"{name} {count}" for name, count in counts.items()))
     return "\n".join(lines)
 
 

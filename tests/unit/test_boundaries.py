@@ -187,6 +187,19 @@ def test_an_upward_import_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert upward_imports(module) == ["line 1: app.train", "line 3: app.topology.spec"]
 
 
+def test_nothing_a_node_runs_imports_the_host_side() -> None:
+    """app/orchestrate (the runner, status, deploy) runs on the host: no other module imports it (app/cli.py names
+    its commands by their modules' names). The node's metrics once imported the host's status to fold the events;
+    they fold them with app/job_state.py, as the runner and the status do."""
+    offenders = {
+        _module(path): [f"line {line}: {module}" for line, module in found]
+        for path in sorted(APP.rglob("*.py"))
+        if "orchestrate" not in path.relative_to(APP).parts
+        and (found := [(line, m) for line, m in app_imports(path.read_text()) if m.startswith("app.orchestrate")])
+    }
+    assert offenders == {}
+
+
 HOST_SIDE = ("cluster", "topology", "deploy")
 """The commands of pip's light install (no [node] extra: no torch, no numpy)."""
 _IMPORTED = """

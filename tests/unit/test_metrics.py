@@ -19,14 +19,14 @@ def _samples(text: str) -> dict[tuple[str, tuple], float]:
     }
 
 
-def _exposition(node: str, records: list[dict], now: float) -> str:
+def _exposition(node: str, records: list[dict]) -> str:
     from prometheus_client import CollectorRegistry, generate_latest
 
     registry = CollectorRegistry(auto_describe=False)
 
     class Fixed:
         def collect(self):
-            return metrics.families("c", node, records, now)
+            return metrics.families("c", node, records)
 
     registry.register(Fixed())
     return generate_latest(registry).decode()
@@ -44,13 +44,14 @@ RECORDS = [
     ),
     _exchange(T0 + 5, 20, FOUR, [10.0, 10.0, 11.0, 30.0]),
     _record(events.CHECKPOINT, T0 + 6, rank=0, step=20, path="/results/x/step-20.pt"),
+    _record(events.WORKER_FAILED, T0 + 6.5, node=WORKER, rank=3, local_rank=1, exitcode=-9, message="", attempt=0),
     _record(events.RESUMED, T0 + 7, rank=0, from_step=20, checkpoint="/results/x/step-20.pt", reached=23),
     _exchange(T0 + 9, 40, FOUR, [10.0, 10.0, 11.0, 33.0]),
 ]
 
 
 def test_rank_0s_node_serves_every_rank_the_nodes_training_and_the_job_in_base_units() -> None:
-    found = _samples(_exposition(HEAD, RECORDS, now=T0 + 10))
+    found = _samples(_exposition(HEAD, RECORDS))
     head, worker = (("job", "c"), ("node", HEAD)), (("job", "c"), ("node", WORKER))
     assert found["ddp_rank_busy_seconds", (*worker, ("rank", "3"))] == 0.033  # each rank under the node it is on
     assert found["ddp_rank_busy_ratio", (*worker, ("rank", "3"))] == 3.0
@@ -72,7 +73,7 @@ def test_rank_0s_node_serves_every_rank_the_nodes_training_and_the_job_in_base_u
 
 
 def test_another_node_serves_its_own_gate_and_devices_and_nothing_twice() -> None:
-    found = _samples(_exposition(WORKER, RECORDS, now=T0 + 10))
+    found = _samples(_exposition(WORKER, RECORDS))
     node = (("job", "c"), ("node", WORKER))
     assert found["ddp_node_device_matmul_flops", (("device", "cpu"), *node)] == 80e9
     assert found["ddp_node_device_copy_bytes_per_second", (("device", "cpu"), *node)] == 4e9
@@ -85,7 +86,7 @@ def test_another_node_serves_its_own_gate_and_devices_and_nothing_twice() -> Non
 
 
 def test_before_the_first_exchange_every_node_serves_the_job() -> None:
-    found = _samples(_exposition(WORKER, RECORDS[:2], now=T0 + 2))
+    found = _samples(_exposition(WORKER, RECORDS[:2]))
     node = (("job", "c"), ("node", WORKER))
     assert found["ddp_job_restarts_total", node] == 0 and found["ddp_node_training", node] == 0.0
     assert not [name for name, _ in found if name.startswith("ddp_rank_")]
@@ -93,17 +94,17 @@ def test_before_the_first_exchange_every_node_serves_the_job() -> None:
 
 def test_an_eviction_is_counted() -> None:
     evicted = [*RECORDS, _record(events.EVICTED, T0 + 11, node="host", evicted=WORKER, factor=4.1, window_s=60)]
-    found = _samples(_exposition(HEAD, evicted, now=T0 + 12))
+    found = _samples(_exposition(HEAD, evicted))
     assert found["ddp_job_evictions_total", (("job", "c"), ("node", HEAD))] == 1
 
 
 def test_a_kept_out_node_says_so_and_trains_no_more() -> None:
     kept = [*RECORDS, _record(events.GATE, T0 + 11, node=HEAD, verdict=events.KEPT_OUT, detail="slow")]
     kept.append(_exchange(T0 + 12, 60, [WORKER, WORKER], [10.0, 10.0]))
-    found = _samples(_exposition(HEAD, kept, now=T0 + 13))
+    found = _samples(_exposition(HEAD, kept))
     assert found["ddp_node_gate_kept_out", (("job", "c"), ("node", HEAD))] == 1.0
     assert not [name for name, _ in found if name.startswith(("ddp_rank_", "ddp_job_"))]  # rank 0 is elsewhere now
-    by_worker = _samples(_exposition(WORKER, kept, now=T0 + 13))  # which says so
+    by_worker = _samples(_exposition(WORKER, kept))  # which says so
     assert by_worker["ddp_node_training", (("job", "c"), ("node", HEAD))] == 0.0
     assert by_worker["ddp_node_training", (("job", "c"), ("node", WORKER))] == 1.0
     assert {labels[1] for name, labels in by_worker if name == "ddp_rank_busy_seconds"} == {("node", WORKER)}
@@ -114,9 +115,9 @@ def test_from_a_ranks_failure_to_the_next_exchange_no_node_trains() -> None:
     nor is the head, until the next exchange."""
     failed = [*RECORDS, _record(events.ERROR, T0 + 11, rank=0, line="", cause="", status=1, reason=events.PEERS_LOST)]
     training = [("ddp_node_training", (("job", "c"), ("node", node))) for node in (HEAD, WORKER)]
-    found = _samples(_exposition(HEAD, failed, now=T0 + 12))
+    found = _samples(_exposition(HEAD, failed))
     assert [found[key] for key in training] == [0.0, 0.0]
-    back = _samples(_exposition(HEAD, [*failed, _exchange(T0 + 14, 50, FOUR, [10.0] * 4)], now=T0 + 15))
+    back = _samples(_exposition(HEAD, [*failed, _exchange(T0 + 14, 50, FOUR, [10.0] * 4)]))
     assert [back[key] for key in training] == [1.0, 1.0]
 
 

@@ -13,7 +13,7 @@ import types
 
 import pytest
 
-from app import events
+from app import events, job_state
 from app.errors import UsageError
 from app.orchestrate import engine, runner
 from app.orchestrate.runner import describe_limits, describe_status, removed
@@ -476,18 +476,23 @@ def test_a_node_that_joins_restarts_the_ranks_for_a_new_round_which_is_no_failur
            reason=events.PEERS_STOPPED), *seen)  # fmt: skip
     happen(run, resumed())
     assert capsys.readouterr().out.splitlines() == [f"cluster: {RESUMED}"]
-    assert run.resumptions == 0 and run.incident is None and not run.regrouped and run.stopped_ranks == set()
+    assert (
+        run.resumed_as[job_state.RESTART] == 0
+        and run.incident is None
+        and run.since == []
+        and run.stopped_ranks == set()
+    )
 
 
 def test_an_evicted_nodes_leaving_is_said_as_such_though_the_agents_regroup_without_it(run, capsys):
     """The runner stops the evicted node's container: its agent stops its ranks (SIGTERM), the others' all-reduce is
     cut short, and the agent that reaches the next round second sees the other one waiting in it."""
-    run.left.append("demo-worker-1")
-    happen(run, failed("demo-worker-1", 1, 0, -15), error("demo-head-1", 0, CUT_SHORT, reason=events.PEERS_STOPPED),
-           REGROUP)  # fmt: skip
+    evicted = ("host", None, events.EVICTED, {"evicted": "demo-worker-1", "factor": 4.0, "backoff_s": 0.0})
+    happen(run, evicted, failed("demo-worker-1", 1, 0, -15), error("demo-head-1", 0, CUT_SHORT,
+           reason=events.PEERS_STOPPED), REGROUP)  # fmt: skip
     happen(run, resumed())
     assert capsys.readouterr().out.splitlines() == [f"cluster: the job goes on without demo-worker-1: {RESUMED}"]
-    assert run.left == [] and run.resumptions == 0
+    assert run.since == [] and run.resumed_as[job_state.RESTART] == 0
 
 
 def test_ranks_stopped_by_their_launcher_without_a_node_joining_are_a_restart(run, capsys):

@@ -159,7 +159,7 @@ def test_an_evicted_node_shows_evicted_until_it_is_back_and_its_resume_is_no_res
     found = status.fold("c", records, RUNNING, now=T0 + 10)
     assert [(n.name, n.state) for n in found.nodes] == [(HEAD, "training"), (WORKER, "evicted")]
     assert (found.evictions, found.restarts) == (1, 0)
-    assert "restarts 0, resizes 0, evictions 1" in status.format_table(found, now=T0 + 10)
+    assert "restarts 0, regroups 0, resizes 0, evictions 1" in status.format_table(found, now=T0 + 10)
     back = [*records, _exchange(T0 + 20, 40, FOUR, [10.0, 10.0, 11.0, 11.0])]
     again = status.fold("c", back, RUNNING, now=T0 + 21)
     assert [(n.name, n.state) for n in again.nodes] == [(HEAD, "training"), (WORKER, "training")]
