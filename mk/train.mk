@@ -10,7 +10,7 @@ TRAIN_ARGS ?=
 BENCH_ARGS ?=
 SCALE_ARGS ?=
 TV_VENV ?= .venv-tv
-TV_SPEC ?= torch==2.14.1 torchvision==0.29.1
+TV_SPEC ?= torch==$(TV_TORCH_VERSION) torchvision==$(TORCHVISION_VERSION)
 
 EXTRA_TESTS += test-torchvision
 # Its venv is made before pytest starts, beside the images (made after the main run, it added its whole install;
@@ -48,7 +48,7 @@ $(TV_VENV)/.stamp: pyproject.toml
 	touch $@
 
 .PHONY: venv-tv
-venv-tv: $(TV_VENV)/.stamp ## Create .venv-tv: torch 2.14.1 + torchvision 0.29.1 (about 5.5 GB).
+venv-tv: $(TV_VENV)/.stamp ## Create .venv-tv: docker/versions.env's torch and torchvision pair (about 5.5 GB).
 
 .PHONY: test-gpu
 test-gpu: venv ## Tests that need a CUDA GPU (marked gpu; `make test` runs them too where a GPU is visible).

@@ -1,8 +1,8 @@
 """MNIST, CIFAR-10 and ResNet-18 through torchvision's real loaders, on files the tests write.
 
-Runs in .venv-tv (``make test-torchvision``: torch 2.14.1 + torchvision 0.29.1); skipped where
-torchvision does not import. No download: tiny MNIST idx files and CIFAR pickle batches are built
-in tmp_path in the formats torchvision reads.
+Runs in .venv-tv (``make test-torchvision``: docker/versions.env's TV_TORCH_VERSION and
+TORCHVISION_VERSION); skipped where torchvision does not import. No download: tiny MNIST idx files and CIFAR
+pickle batches are built in tmp_path in the formats torchvision reads.
 """
 
 import pickle
