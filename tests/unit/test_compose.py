@@ -5,6 +5,10 @@ Run: ``.venv/bin/python -m pytest tests/unit/test_compose.py`` (under a second).
 
 import dataclasses
 import json
+import re
+from pathlib import Path
+
+import pytest
 
 from app import cli, contract
 from app.topology import compose, render
@@ -75,6 +79,23 @@ def test_topology_writes_the_compose_files(tmp_path, capsys):
     assert (tmp_path / "node" / "torchrun.args").read_text().startswith("--nnodes=3 ")
     assert cli.main(["topology", "--format", "compose-path"]) == 0
     assert capsys.readouterr().out == f"{compose.COMPOSE_FILE}\n" and compose.COMPOSE_FILE.is_file()
+
+
+@pytest.mark.parametrize("where", ["compose.yaml", "docs/engines.md"])
+def test_the_compose_command_by_hand_names_files_that_topology_renders(tmp_path, capsys, where: str) -> None:
+    """The documented ``docker compose ... -f ... --env-file ...`` after ``app topology --output-dir DIR``: every file
+    it names under DIR is one that command writes (it once named build/cluster/ddp-tests/rigs/nodes.yaml)."""
+    text = (Path(__file__).parents[2] / where).read_text()
+    rendered = re.search(r"python -m app topology --nodes (\d+) --format compose-files --output-dir (\S+)", text)
+    assert rendered, where
+    named = re.findall(r"(?:-f|--env-file) (build/cluster/\S+)", text)  # the compose files under the state folder
+    assert named, where
+    words = ["topology", "--nodes", rendered[1], "--format", "compose-files", "--output-dir", str(tmp_path)]
+    assert cli.main(words) == 0
+    capsys.readouterr()
+    prefix = rendered[2] + "/"
+    missing = [path for path in named if not (path.startswith(prefix) and (tmp_path / path[len(prefix) :]).is_file())]
+    assert missing == [], f"{where} names files that app topology does not write into {rendered[2]}"
 
 
 def test_the_monitor_profiles_prometheus_scrapes_every_torchrun_node_and_keeps_their_labels(tmp_path) -> None:
