@@ -37,11 +37,10 @@ GATE_SECONDS = 1.0
 check's (it is on the path of every node's start and rejoin; a figure that falls short is measured once more before
 it counts)."""
 GATE_RETRY_S = 10
-"""Seconds between a kept-out node's gate judgements: docker/bin/ddp-node's --retry-every, and the node agents' of
-an elastic job on the other engines (``render.node_args``)."""
+"""Seconds between a kept-out node's gate judgements: every engine's node agent's --retry-every (render.node_args)."""
 NODE_ARGS = "node.args"
-"""In CLUSTER_DIR: flags of ``python -m app node`` that docker/bin/ddp-node gives it before torchrun's arguments (the
-spec's gate flags on compose; with the straggler policy in Kubernetes' ConfigMap)."""
+"""In CLUSTER_DIR: flags of ``python -m app node`` that docker/bin/ddp-node gives it before torchrun's arguments
+(``render.node_args``: the gate's on every engine; the straggler policy in Kubernetes' ConfigMap and on Ansible)."""
 RESULTS_DIR = "/results"
 """In the image: where a job writes its results (checkpoints, metrics, summaries), brought back by each engine."""
 EVENTS_DIR = "/events"

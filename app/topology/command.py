@@ -115,6 +115,10 @@ FORMATS: dict[str, tuple[Renderer, str]] = {
         lambda r: " ".join(render.torchrun_args(r.spec, _named_hosts(r), r.node_rank)) + "\n",
         "torchrun's arguments (static rendezvous with --node-rank, else c10d)",
     ),
+    "node": (
+        lambda r: " ".join(render.node_args(r.spec)) + "\n",
+        "python -m app node's own flags (the image's ddp-node reads them from node.args): the gate's, the straggler's",
+    ),
     "mpirun": (
         lambda r: " ".join(render.mpirun_args(r.spec, _named_hosts(r), r.mpirun_hostfile)) + "\n",
         "mpirun's arguments: -np, --hostfile, -x MASTER_ADDR ...",

@@ -224,10 +224,11 @@ def pod_monitor(spec: ClusterSpec) -> dict:
 
 def config_map(spec: ClusterSpec) -> dict:
     """torchrun's arguments and the node agent's own flags, as ``ddp-node`` reads them from /cluster/torchrun.args
-    and /cluster/node.args (the straggler policy, where the job is elastic)."""
-    data = {"torchrun.args": " ".join(render.torchrun_args(spec, pod_hosts(spec))) + "\n"}
-    if node := render.node_args(spec, retry=False):  # ddp-node gives its --retry-every
-        data[contract.NODE_ARGS] = " ".join(node) + "\n"
+    and /cluster/node.args (the gate's, and the straggler policy where the job is elastic)."""
+    data = {
+        "torchrun.args": " ".join(render.torchrun_args(spec, pod_hosts(spec))) + "\n",
+        contract.NODE_ARGS: " ".join(render.node_args(spec)) + "\n",
+    }
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",

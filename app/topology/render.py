@@ -89,17 +89,17 @@ def gate_args(spec: ClusterSpec) -> list[str]:
     return [] if seconds == contract.GATE_SECONDS else [f"--device-seconds={seconds:g}"]
 
 
-def node_args(spec: ClusterSpec, retry: bool = True) -> list[str]:
-    """``python -m app node``'s own flags where no runner watches the job (Slurm, Kubernetes): the gate's
-    (``gate_args``), then the spec's straggler policy, which each node's agent applies to its own node, where the
-    job is elastic (``--min-nodes`` below ``--nodes``: a job of a fixed size cannot go on without a node), and
-    with ``retry`` the gate's ``--retry-every`` (ddp-node's, which gives its own): an evicted node, or one kept out
-    at the start, is judged again until it passes, and joins the job then."""
-    n, gate = spec.nodes, gate_args(spec)
-    if not (n.elastic and n.evict_factor):
-        return gate
-    again = [f"--retry-every={contract.GATE_RETRY_S}"] if retry else []
-    return [*gate, *again, f"--evict-factor={n.evict_factor:g}", f"--evict-after={n.evict_after}"]
+def node_args(spec: ClusterSpec, evicting: bool = True) -> list[str]:
+    """``python -m app node``'s own flags, on every engine (compose's and Ansible's node.args, Kubernetes' ConfigMap,
+    Slurm's command): the gate's (``gate_args``) and its ``--retry-every`` (a node kept out at the start, or evicted,
+    is judged again until it passes, and joins the job then); with ``evicting``, the spec's straggler policy, which
+    each node's agent applies to its own node where the job is elastic (``--min-nodes`` below ``--nodes``: a job of
+    a fixed size cannot go on without a node). Compose's runner evicts itself (``evicting=False``)."""
+    n = spec.nodes
+    flags = [*gate_args(spec), f"--retry-every={contract.GATE_RETRY_S}"]
+    if not (evicting and n.elastic and n.evict_factor):
+        return flags
+    return [*flags, f"--evict-factor={n.evict_factor:g}", f"--evict-after={n.evict_after}"]
 
 
 def c10d_args(spec: ClusterSpec, endpoint: str, run_id: str) -> list[str]:

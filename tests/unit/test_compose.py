@@ -59,15 +59,16 @@ def test_the_nodes_get_rendered_files_not_the_spec(tmp_path):
     assert "MASTER_ADDR=demo-rendezvous-1\n" in files["node/cluster.env"]
     assert "MASTER_ADDR=demo-mpi-worker-1" in files["node/mpirun.args"], "mpirun's rank 0 serves its own store"
     assert "-x DDP_CLUSTER_EVENTS_FILE=/events/events.jsonl" in files["node/mpirun.args"]  # its ranks' events
-    assert files["node/node.args"] == "\n", "the gate's default: no flag of app node (the runner evicts, not the agent)"
+    assert files["node/node.args"] == f"--retry-every={contract.GATE_RETRY_S}\n", "the gate's alone (the runner evicts)"
 
 
 def test_the_specs_gate_seconds_reach_every_engines_node_agent() -> None:
     quick = build({"nodes": {"gate_seconds": 0.2, "min_nodes": 1}})
-    assert compose.node_files(quick)[contract.NODE_ARGS] == "--device-seconds=0.2\n"  # the gate's flag alone
-    assert render.node_args(quick)[0] == "--device-seconds=0.2"  # Slurm's and Kubernetes' agents, then the policy
+    gate = ["--device-seconds=0.2", f"--retry-every={contract.GATE_RETRY_S}"]
+    assert compose.node_files(quick)[contract.NODE_ARGS] == " ".join(gate) + "\n"  # the gate's flags alone
+    assert render.node_args(quick)[:2] == gate  # every other engine's agents, then the policy
     assert "--evict-factor=3" in render.node_args(quick)
-    assert render.node_args(build({"nodes": {"gate_seconds": 0.2}})) == ["--device-seconds=0.2"]  # not elastic
+    assert render.node_args(build({"nodes": {"gate_seconds": 0.2}})) == gate  # not elastic
     assert render.gate_args(build({})) == []
 
 

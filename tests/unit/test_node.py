@@ -176,7 +176,7 @@ def test_ddp_node_gives_the_agent_the_rendered_node_flags_before_torchruns_argum
                               timeout=30, check=True)  # fmt: skip
         return done.stdout.split()
 
-    plain = ["-m", "app", "node", "--retry-every", str(contract.GATE_RETRY_S), "--serve-metrics"]
+    plain = ["-m", "app", "node", "--serve-metrics"]
     job = ["--", "--nnodes=2:3", "--nproc-per-node=1", "-m", "app", "check"]
     assert argv() == [*plain, *job]
     (tmp_path / contract.NODE_ARGS).write_text("--evict-factor=3 --evict-after=3\n")
