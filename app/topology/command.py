@@ -4,7 +4,7 @@
     python -m app topology --hosts node0:2,node1:2 --format hostfile   # node0 slots=2 ...
     python -m app topology --hosts node0:2,node1:2 --ifname eth0 --format env
     python -m app topology --hostfile hosts.txt --format torchrun --node-rank 1
-    python -m app topology --nodes 3 --min-nodes 2 --format node            # app node's flags: gate, straggler
+    python -m app topology --format node                                # app node's own flags (node.args)
     python -m app topology --hostfile hosts.txt --launcher mpirun --format mpirun
     python -m app topology --spec cluster.toml --nodes 3 --format compose-files --output-dir build/cluster/x
     python -m app topology --nodes 2 --nproc-per-node 8 --gpus-per-node 8 --format sbatch --output job.sbatch
