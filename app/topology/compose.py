@@ -58,6 +58,8 @@ SCRAPE_INTERVAL_S = 2
 EVENTS, EVENTS_MOUNT, EVENTS_NAME = "events", contract.EVENTS_DIR, contract.EVENTS_NAME
 """The job's events (``app.events``): the folder beside the rendered files, where every container mounts it, and
 the file's name in it."""
+SSH = "ssh"
+"""The folder of the nodes' /cluster where the mpi profile mounts this cluster's SSH keys (the compose volume ssh)."""
 
 
 def events_file(folder: Path) -> Path:
@@ -181,6 +183,12 @@ def env_file(spec: ClusterSpec, folder: Path, monitor: Monitor | None = None) ->
         "NODE_FILES": os.fspath(folder / NODE_FILES),
         "EVENTS_DIR": os.fspath(folder / EVENTS),
         "EVENTS_FILE": f"{EVENTS_MOUNT}/{EVENTS_NAME}",
+        # where each node sees them (app/contract.py: the paths every engine shares)
+        "CLUSTER_MOUNT": contract.CLUSTER_DIR,
+        "SSH_MOUNT": f"{contract.CLUSTER_DIR}/{SSH}",
+        "RESULTS_MOUNT": contract.RESULTS_DIR,
+        "JOB_MOUNT": contract.JOB_DIR,
+        "EVENTS_MOUNT": EVENTS_MOUNT,
         "MONITOR_IMAGE": monitor.image,
         "MONITOR_PORT": monitor.port,
         "MONITOR_FILES": os.fspath(folder / MONITOR),
@@ -234,7 +242,7 @@ def node_files(spec: ClusterSpec) -> dict[str, str]:
         "hostfile": render.render_hostfile(mpi),
         "mpirun.args": " ".join([*render.mpirun_args(spec, mpi, f"{contract.CLUSTER_DIR}/hostfile"), *_events_to(mpi)])
         + "\n",
-        "ssh/README": "The mpi profile mounts this cluster's SSH keys here (the compose volume ssh).\n",
+        f"{SSH}/README": "The mpi profile mounts this cluster's SSH keys here (the compose volume ssh).\n",
     }
 
 

@@ -99,6 +99,18 @@ def test_the_compose_command_by_hand_names_files_that_topology_renders(tmp_path,
     assert missing == [], f"{where} names files that app topology does not write into {rendered[2]}"
 
 
+def test_compose_yaml_takes_every_value_from_the_rendered_env_file_and_restates_no_path_of_the_nodes(tmp_path):
+    """compose.yaml holds no defaults: every variable it reads is one the env file renders, the paths the nodes see
+    (/cluster, /results, /job, /events: app/contract.py) among them."""
+    text = compose.COMPOSE_FILE.read_text()
+    rendered = dict(line.split("=", 1) for line in compose.env_file(build({}), tmp_path).splitlines())
+    assert set(re.findall(r"\$\{([A-Z_]+)", text)) <= set(rendered)
+    assert {rendered[key].strip("'") for key in ("CLUSTER_MOUNT", "RESULTS_MOUNT", "JOB_MOUNT", "EVENTS_MOUNT")} == {
+        contract.CLUSTER_DIR, contract.RESULTS_DIR, contract.JOB_DIR, contract.EVENTS_DIR}  # fmt: skip
+    body = "\n".join(line.split("#")[0] for line in text.splitlines())  # the comments may name them
+    assert not re.findall(r"(?::|target: )/(?:cluster|results|job|events)\b", body)
+
+
 def test_the_monitor_profiles_prometheus_scrapes_every_torchrun_node_and_keeps_their_labels(tmp_path) -> None:
     files = compose.cluster_files(SPEC, tmp_path, compose.Monitor(image="p:1", port=9999))
     config = json.loads(files["monitor/prometheus.yml"])
