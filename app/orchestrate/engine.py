@@ -4,7 +4,7 @@
     pip install 'ddp-cluster[cluster]'   # the SDK for a pip install of the app (the [cluster] extra)
 
 Containers, their states, limits, output and the engine's events come back as objects, not as text that
-``docker inspect`` or ``docker events`` printed; compose stays the CLI it is (``runner.Run.compose``). The
+``docker inspect`` or ``docker events`` printed; compose stays the CLI it is (``job.Run.compose``). The
 SDK is imported on first use, so ``--help`` runs without it, and a missing SDK or engine is one line. Each
 thread takes its own client (``client()``): an SDK client is a requests session, not made for threads.
 """

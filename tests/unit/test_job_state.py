@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from app import events, job_state, metrics
-from app.orchestrate import engine, runner
+from app.orchestrate import engine, job
 from app.orchestrate import status as job_status
 from app.topology.spec import build
 from tests.deps import need
@@ -30,7 +30,7 @@ def recorded(name: str) -> list[dict]:
 def said_by_the_runner(records: list[dict], tmp_path: Path, monkeypatch, capsys) -> tuple[int, int, int]:
     """The runner's lines over the records (as its reader hands them on): restart lines, regroups, eviction lines."""
     monkeypatch.setattr(engine, "client", lambda *_, **__: pytest.fail("the engine was asked"))
-    run = runner.Run(build({"job": {"name": "demo"}}), tmp_path, tmp_path / "demo.log")  # not elastic: no watch
+    run = job.Run(build({"job": {"name": "demo"}}), tmp_path, tmp_path / "demo.log")  # not elastic: no watch
     for record in records:
         run.on_event(record)
     lines = capsys.readouterr().out.splitlines()

@@ -15,8 +15,9 @@ import pytest
 
 from app import events, job_state
 from app.errors import UsageError
-from app.orchestrate import engine, runner
-from app.orchestrate.runner import describe_limits, describe_status, removed
+from app.orchestrate import engine, job, runner, streams, supervise
+from app.orchestrate.job import describe_status
+from app.orchestrate.runner import describe_limits, removed
 from app.topology import compose
 from app.topology.spec import build
 
@@ -34,13 +35,13 @@ RESUMED = "resumed from step 23 (checkpoint /r/f/checkpoints/step-00000023.pt), 
 
 @pytest.fixture
 def run(tmp_path, monkeypatch):
-    job = runner.Run(build({"job": {"name": "demo"}}), tmp_path, tmp_path / "demo.log")
+    state = job.Run(build({"job": {"name": "demo"}}), tmp_path, tmp_path / "demo.log")
 
     def asked(*_, **__):
         raise AssertionError("the engine was asked")
 
     monkeypatch.setattr(engine, "client", asked)
-    return job
+    return state
 
 
 def happen(run, *records: tuple) -> None:
@@ -56,7 +57,7 @@ def happen(run, *records: tuple) -> None:
         path.write_text("\n".join([*lines[:-1], json.dumps(record)]) + "\n")
     stop = threading.Event()
     stop.set()
-    runner._read_events(run, stop, start)
+    supervise.read_events(run, stop, start)
 
 
 def failed(node: str, rank: int, local_rank: int, code: int, message: str = "", attempt: int = 0) -> tuple:
@@ -97,7 +98,7 @@ def test_one_line_per_restart_names_the_killed_rank_not_the_ranks_that_failed_af
 
 
 def test_a_container_that_stopped_is_the_cause_and_a_hang_report_names_containers(run, capsys):
-    run.failure(runner.CONTAINER, "demo-worker-1 (ranks 2-3) stopped with signal 9 (SIGKILL)")
+    run.failure(job.CONTAINER, "demo-worker-1 (ranks 2-3) stopped with signal 9 (SIGKILL)")
     happen(
         run,
         error("demo-head-1", 0, "rank 3 on demo-worker-1 stopped answering: x", reason=events.PEERS_LOST),
@@ -131,7 +132,7 @@ def test_a_full_disk_is_not_restarted(run, capsys):
         full[3]["line"]
     ]  # at once; why it was not restarted: the final line
     assert run.gave_up.status == 1 and run.ended.is_set() and run.status == 1  # the runner stops every container
-    assert runner._failure(run, 143) == (
+    assert job.failure_line(run, 143) == (
         "not restarted: every attempt would run out of disk the same way; free space in the volume demo_results, "
         "then run the job again: it resumes from its last checkpoint; the job was stopped"
     )
@@ -142,12 +143,12 @@ def test_a_batch_the_ranks_left_cannot_keep_is_the_final_lines_cause_not_the_nod
     line names the batch (the rank's line at once), not the node whose loss brought the job to this world."""
     cause = "cannot keep the global batch 192 on 2 ranks of per-rank batch 64 (192 is not a multiple of 128): ..."
     kept = error("demo-head-1", 0, cause, reason=events.BATCH_NOT_KEPT)
-    run.failure(runner.CONTAINER, "demo-worker-1 stopped with signal 9 (SIGKILL)")
+    run.failure(job.CONTAINER, "demo-worker-1 stopped with signal 9 (SIGKILL)")
     happen(run, error("demo-worker-1", 2, "rank 0 on demo-head-1 stopped answering: ...", reason=events.PEERS_LOST),
            kept)  # fmt: skip
     assert capsys.readouterr().err.splitlines() == [kept[3]["line"]]
     assert run.ended.is_set() and run.status == 1
-    assert runner._failure(run, 1).startswith(
+    assert job.failure_line(run, 1).startswith(
         "not restarted: the job's global batch cannot be kept on the ranks of this attempt (the line above)"
     )
 
@@ -156,12 +157,12 @@ def test_bad_input_is_not_restarted_and_a_worker_is_named_by_its_container(run, 
     bad = error("demo-worker-1", 1, "--dataset 'nope' is not one of digits", status=2)
     happen(run, bad, failed("demo-worker-1", 1, 0, 2, bad[3]["line"]))
     assert capsys.readouterr().err.splitlines() == [bad[3]["line"]]
-    assert run.gave_up == runner.Stopped("bad input fails the same way on every attempt", 2)
+    assert run.gave_up == job.Stopped("bad input fails the same way on every attempt", 2)
 
 
 def test_an_agent_that_gave_up_on_bad_input_stops_the_job_with_status_2(run):
     happen(run, ("demo-head-1", 0, events.GAVE_UP, {"reason": events.BAD_INPUT, "message": "", "attempts": 1}))
-    assert run.gave_up == runner.Stopped("bad input fails the same way on every attempt", 2) and run.status == 2
+    assert run.gave_up == job.Stopped("bad input fails the same way on every attempt", 2) and run.status == 2
 
 
 def test_at_the_end_a_failure_without_resume_is_told_by_the_ranks_own_lines(run, capsys):
@@ -229,7 +230,7 @@ def test_node_ranks_follow_c10d_order(run):
 
 def test_the_final_line_names_the_rank_and_node_that_raised(run):
     happen(run, failed("demo-head-1", 1, 1, 1, "RuntimeError: boom"), failed("demo-head-1", 0, 0, -15))
-    assert runner._failure(run, 1) == "rank 1 on demo-head-1: RuntimeError: boom"
+    assert job.failure_line(run, 1) == "rank 1 on demo-head-1: RuntimeError: boom"
 
 
 def ended(node: str, rank: int, code: int, at: float) -> tuple:
@@ -250,14 +251,14 @@ def test_the_cause_is_the_rank_that_ended_first_not_the_first_agent_to_see_its_o
     assert capsys.readouterr().err.splitlines() == [
         "cluster: the job did not resume: rank 1 (local rank 0 on demo-worker-1) ended with exit 3"
     ]
-    assert runner._failure(run, 1) == "the job failed: demo-head-1 (rank 0's node) ended with exit 1; see above"
+    assert job.failure_line(run, 1) == "the job failed: demo-head-1 (rank 0's node) ended with exit 1; see above"
 
 
 def test_without_the_ranks_own_ends_the_first_record_read_is_the_cause(run, capsys):
     """torchrun's own launch (--no-fork, a program): no rank tells its end; the agents' records, in their order."""
     happen(run, failed("demo-head-1", 0, 0, 1, "RuntimeError: boom"), failed("demo-worker-1", 1, 0, 3))
     assert run.incident.cause == "rank 0 (local rank 0 on demo-head-1) ended with exit 1"
-    assert runner._failure(run, 1) == "rank 0 on demo-head-1: RuntimeError: boom"
+    assert job.failure_line(run, 1) == "rank 0 on demo-head-1: RuntimeError: boom"
 
 
 def test_a_failure_that_repeats_ends_the_job_with_a_line_that_says_so(run, capsys):
@@ -266,7 +267,7 @@ def test_a_failure_that_repeats_ends_the_job_with_a_line_that_says_so(run, capsy
     gave_up = {"reason": events.REPEATED, "message": "RuntimeError: boom", "attempts": 2}
     happen(run, failed("demo-head-1", 1, 1, 1, "RuntimeError: boom", 1), ("demo-head-1", 1, events.GAVE_UP, gave_up))
     assert run.ended.is_set() and run.status == 1
-    assert runner._failure(run, 143) == (
+    assert job.failure_line(run, 143) == (
         "not restarted: rank 1 on demo-head-1 failed the same way on attempts 1 and 2 (RuntimeError: boom): a "
         "restart cannot cure it; fix the script, then run the job again; the job was stopped"
     )
@@ -306,16 +307,16 @@ def test_torch_output_in_any_wording_goes_to_the_log_and_changes_nothing_the_run
     class Logs:  # compose logs, as read: every node's lines, then nothing
         stdout = iter(f"head-1  | 2026-11-22T11:25:09.000Z {line}\n" for line in output.splitlines())
 
-    monkeypatch.setattr(runner.subprocess, "Popen", lambda *_, **__: Logs())
-    monkeypatch.setattr(runner, "_end", lambda _: None)
+    monkeypatch.setattr(streams.subprocess, "Popen", lambda *_, **__: Logs())
+    monkeypatch.setattr(streams, "_end", lambda _: None)
     stop = threading.Event()
     stop.set()
-    runner._follow(run, stop, 0.0)
+    streams.follow(run, stop, 0.0)
     happen(run, failed("demo-head-1", 1, 1, 1, "RuntimeError: boom"), failed("demo-head-1", 0, 0, -15))
     assert capsys.readouterr() == ("", "")  # nothing of it on the terminal
     assert output.splitlines()[-1] in run.log_file.read_text()  # all of it in the log
     assert run.incident.cause == "rank 1 (local rank 1 on demo-head-1) ended with exit 1"
-    assert runner._failure(run, 1) == "rank 1 on demo-head-1: RuntimeError: boom"
+    assert job.failure_line(run, 1) == "rank 1 on demo-head-1: RuntimeError: boom"
 
 
 def test_the_events_file_is_read_by_whole_lines_and_a_stray_line_is_skipped(tmp_path):
@@ -360,7 +361,7 @@ def test_hints_name_the_cluster_as_the_user_started_it(run):
     assert runner.hint("x", "down", make=True) == "make cluster-down CLUSTER=x"
     assert runner.hint("ddp-cluster", "logs", make=False) == "python -m app cluster logs"
     assert runner.hint("x", "down", make=False) == "python -m app cluster down --name x"
-    assert runner._failure(run, 124).endswith("see python -m app cluster logs --name demo, then python -m app cluster "
+    assert job.failure_line(run, 124).endswith("see python -m app cluster logs --name demo, then python -m app cluster "
                                               "down --name demo")  # fmt: skip
     parser = argparse.ArgumentParser()
     runner.add_arguments(parser)
@@ -380,9 +381,9 @@ def _engine_answers() -> bool:
 @pytest.mark.skipif(not _engine_answers(), reason="needs a Docker engine that answers")
 def test_the_node_watcher_ends_with_the_job(tmp_path):
     """The watcher blocks reading the engine's events (no container of this project dies): stop must end it."""
-    job = runner.Run(build({"job": {"name": f"nowatch-{os.getpid()}"}}), tmp_path / "x.env", tmp_path / "x.log")
+    state = job.Run(build({"job": {"name": f"nowatch-{os.getpid()}"}}), tmp_path / "x.env", tmp_path / "x.log")
     stop = threading.Event()
-    watcher = threading.Thread(target=runner._watch_nodes, args=(job, stop, time.time()), daemon=True)
+    watcher = threading.Thread(target=supervise.watch_nodes, args=(state, stop, time.time()), daemon=True)
     watcher.start()
     watcher.join(timeout=2)
     assert watcher.is_alive(), "the watcher did not wait for the engine's events"  # the negative control
@@ -425,13 +426,13 @@ def test_a_node_lost_is_restarted_a_node_that_ended_ends_the_job_and_so_does_the
     monkeypatch.setattr(engine, "container_events", lambda *_: iter([_event(*e) for e in events]))
     calls = []
     monkeypatch.setattr(
-        runner, "_restart_node", lambda _run, name, code, _stop, by_docker: calls.append((name, by_docker))
+        supervise, "_restart_node", lambda _run, name, code, _stop, by_docker: calls.append((name, by_docker))
     )
-    runner._watch_nodes(run, threading.Event(), 0.0)
+    supervise.watch_nodes(run, threading.Event(), 0.0)
     assert calls == restarted
     assert (run.status, run.ended_by) == ended if ended else not run.ended.is_set()
     if ended and ended[1] == "demo-rendezvous-1":
-        assert runner._failure(run, run.status) == (
+        assert job.failure_line(run, run.status) == (
             "the rendezvous store (demo-rendezvous-1) was lost: it stopped with signal 9 (SIGKILL); run the job again "
             "to resume from its last checkpoint"
         )
@@ -514,8 +515,8 @@ def test_a_failure_beside_a_node_joining_is_still_a_restart(run, capsys):
     ("by_docker", "state", "calls", "slept"),
     [
         (True, "stopped", [("inspect", "demo-worker-1"), ("start", "demo-worker-1")], []),  # docker kill: at once
-        (False, "stopped", [("inspect", "demo-worker-1"), ("start", "demo-worker-1")], [runner.POLICY_S]),
-        (False, "running", [("inspect", "demo-worker-1")], [runner.POLICY_S]),  # Docker's policy brought it back
+        (False, "stopped", [("inspect", "demo-worker-1"), ("start", "demo-worker-1")], [supervise.POLICY_S]),
+        (False, "running", [("inspect", "demo-worker-1")], [supervise.POLICY_S]),  # Docker's policy brought it back
     ],
 )
 def test_a_lost_node_is_started_at_once_when_docker_stopped_it_else_after_the_restart_policy(
@@ -529,9 +530,9 @@ def test_a_lost_node_is_started_at_once_when_docker_stopped_it_else_after_the_re
 
     monkeypatch.setattr(engine, "running", running)
     monkeypatch.setattr(engine, "start", lambda name: done.append(("start", name)) or True)
-    monkeypatch.setattr(runner.time, "sleep", lambda s: slept_now.append(s))
+    monkeypatch.setattr(supervise.time, "sleep", lambda s: slept_now.append(s))
     slept_now: list[float] = []
-    runner._restart_node(run, "demo-worker-1", 137, threading.Event(), by_docker)
+    supervise._restart_node(run, "demo-worker-1", 137, threading.Event(), by_docker)
     assert (done, slept_now) == (calls, slept) and run.restarts == 1 and not run.gone
 
 
@@ -558,7 +559,7 @@ def test_the_log_names_every_node_by_its_container_and_holds_plain_lines_only(ru
         ("", ""),  # a blank line of compose logs
         ("head-1", "2026-11-22T12:15:03.3Z \x1b[K"),
     ]:
-        runner._log_line(run, service, rest)
+        streams._log_line(run, service, rest)
     assert run.log_file.read_text() == "demo-head-1: train: epoch 1/2\ndemo-worker-1: W1122 a warning\n"
     run.log("compose up: exit 0: \x1b[1mContainer demo-head-1\x1b[0m  Started\x1b[K\n\n")
     assert run.log_file.read_text().splitlines()[-1] == "compose up: exit 0: Container demo-head-1  Started"
@@ -585,7 +586,7 @@ def test_a_reader_that_follows_ends_with_the_job_and_so_does_what_its_command_st
     left the reader blocked for a minute after the job had ended."""
     stop = threading.Event()
     script = "echo first; sleep 300 & sleep 300"  # a child that keeps the pipe open, as the compose plugin does
-    lines = runner._lines(stop, ["sh", "-c", script], follow=True)
+    lines = streams._lines(stop, ["sh", "-c", script], follow=True)
     assert next(lines) == "first\n"
     threading.Timer(0.5, stop.set).start()
     start = time.monotonic()
@@ -605,7 +606,7 @@ def test_each_gate_verdict_of_the_streamed_head_is_one_line_the_runners_naming_t
     monkeypatch.setattr(engine, "lines", lambda *_, **__: iter(f"2026-11-28T10:00:00.1Z {line}" for line in said))
     stop = threading.Event()
     stop.set()
-    runner._stream(run, stop, 0.0)
+    streams.stream(run, stop, 0.0)
     kept, still, back = ({"verdict": v, "detail": d} for v, d in [
         (events.KEPT_OUT, said[1].removeprefix("gate: kept out: ").partition(";")[0]),
         (events.KEPT_OUT, said[2].removeprefix("gate: still kept out, now by: ")),

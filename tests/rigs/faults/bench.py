@@ -38,7 +38,7 @@ from typing import Any
 import docker
 
 from app import contract, events
-from app.orchestrate import engine, runner
+from app.orchestrate import engine, job
 from tests.rigs.faults.drive import OUT, FaultRun, explain
 
 FIRST_STEPS = f"{OUT}/first-steps.jsonl"
@@ -224,7 +224,7 @@ def format_report(r: dict) -> str:
                 f"(resumed from {f['resumed_from']}; checkpoint interval {f['checkpoint_interval_steps']} steps)"
             )
         if "failures" in hit:
-            codes = collections.Counter(runner.describe_status(f["exitcode"]) for f in hit["failures"])
+            codes = collections.Counter(job.describe_status(f["exitcode"]) for f in hit["failures"])
             seen = ", ".join(f"{n} x {status}" for status, n in codes.most_common()) or "none"
             lines.append(f"  rank ends its agents saw: {seen}; resumed {hit['resumptions']} time(s)")
         if hit.get("resizes"):
