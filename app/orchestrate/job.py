@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app import contract, events, evict, job_state, logs, progress
-from app.orchestrate import engine
 from app.topology import compose
 from app.topology.spec import ClusterSpec, Job
 
@@ -136,6 +135,8 @@ class Run:
     notes: list[str] = field(default_factory=list)
     evicting: dict[str, float] = field(default_factory=dict)
     """Node containers stopped by an eviction -> seconds each waits before it is started again (its gate)."""
+    to_stop: list[str] = field(default_factory=list)
+    """Node containers an eviction takes out of the job, not yet stopped (``take_evicted``)."""
     since: list[dict] = field(default_factory=list)
     """The job's records since it last ran: what the next resume was (``job_state.resume_kind``)."""
     stopped_ranks: set[int] = field(default_factory=set)
@@ -251,7 +252,14 @@ class Run:
             fields = {"factor": round(found.factor, 2), "exchanges": found.exchanges, "window_s": found.window_s}
             events.write(events.EVICTED, events_file=compose.events_file(self.folder), evicted=name, **fields,
                          backoff_s=wait)  # fmt: skip
-            threading.Thread(target=engine.stop, args=(name, compose.STOP_GRACE_S), daemon=True).start()
+            with self.lock:
+                self.to_stop.append(name)  # the supervisor stops its container (``supervise.read_events``)
+
+    def take_evicted(self) -> list[str]:
+        """The node containers evicted since the last call, to stop (the supervisor's work, not the state's)."""
+        with self.lock:
+            taken, self.to_stop = self.to_stop, []
+        return taken
 
     def worker_failed(self, node: str, record: dict) -> None:
         """A node's agent saw a rank's process end (torchelastic's ``ProcessFailure``)."""

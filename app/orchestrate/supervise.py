@@ -21,7 +21,8 @@ EVENTS_EVERY_S = 0.5
 
 def read_events(run: Run, stop: threading.Event, offset: int) -> None:
     """The job's events file (``app.events``) from ``offset`` (its length when the job started): each new record
-    logged and taken (``Run.on_event``); once the job is over, one last read."""
+    logged and taken (``Run.on_event``), and the container of a node it evicts stopped; once the job is over, one
+    last read."""
     path = compose.events_file(run.folder)
     while True:
         last = stop.is_set()
@@ -29,6 +30,8 @@ def read_events(run: Run, stop: threading.Event, offset: int) -> None:
         for record in records:
             run.log(f"event: {json.dumps(record)}")
             run.on_event(record)
+            for name in run.take_evicted():  # out of the job: its gate judges it when _readmit starts it again
+                threading.Thread(target=engine.stop, args=(name, compose.STOP_GRACE_S), daemon=True).start()
         if last:
             return
         stop.wait(EVENTS_EVERY_S)

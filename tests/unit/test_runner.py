@@ -625,3 +625,22 @@ def test_each_gate_verdict_of_the_streamed_head_is_one_line_the_runners_naming_t
         "cluster: node demo-head-1 kept out: transfer check: 1 MiB to rendezvous:29400 and back: failed (reset); tried again every 10 s",
         "cluster: node demo-head-1 passed its gate after 20 s kept out: cpu 79.0 GFLOP/s, 3.0 GB/s copy against the job's cpu 80.0 GFLOP/s; it joins at the next rendezvous round",
     ]
+
+
+def test_the_state_evicts_a_paced_straggler_once_and_leaves_stopping_its_container_to_the_supervisor(tmp_path, capsys):
+    """An elastic job's exchanges (3 nodes x 1 rank, worker-2 busy 5x the others at every exchange): the state says
+    the eviction and writes it to the events, asking nothing of the engine; ``take_evicted`` hands its container
+    to the supervisor once."""
+    spec = build({"job": {"name": "demo", "command": "train --accum-steps 2"}, "nodes": {"nodes": 3, "min_nodes": 2,
+                  "nproc_per_node": 1}})  # fmt: skip
+    state = job.Run(spec, tmp_path, tmp_path / "demo.log")
+    compose.events_file(state.folder).parent.mkdir(parents=True)  # rendered with the cluster's files
+    hosts = ["demo-head-1", "demo-worker-1", "demo-worker-2"]
+    for at in range(3):
+        state.on_event({"time": float(at), "node": hosts[0], "rank": 0, "kind": events.EXCHANGE, "hosts": hosts,
+                        "busy_ms": [10.0, 10.0, 50.0], "world_size": 3, "global_batch": 96, "accum_steps": 2})  # fmt: skip
+    said = capsys.readouterr().out.splitlines()
+    assert len(said) == 1 and said[0].startswith("cluster: node demo-worker-2 evicted: busy 5.0x"), said
+    written = [r for r in events.read(compose.events_file(state.folder))[0] if r["kind"] == events.EVICTED]
+    assert [r["evicted"] for r in written] == ["demo-worker-2"] and state.evicting == {"demo-worker-2": 0.0}
+    assert state.take_evicted() == ["demo-worker-2"] and state.take_evicted() == []
