@@ -49,7 +49,7 @@ RESIZE = "resize"
 """The run resumed on another number of ranks, as metrics.jsonl's record: ``from``, ``to``, ``step``,
 ``global_batch``, ..."""
 EVICTED = "evicted"
-"""A straggler left the running job, taken out by the runner (``app/orchestrate/runner.py``) or, where app node
+"""A straggler left the running job, taken out by the compose runner (``app/orchestrate/job.py``) or, where app node
 evicts (``--evict-factor``), said by rank 0 at the exchange that decided it: ``evicted`` (its node), ``factor`` (its
 ranks' busy time over the median rank's), ``exchanges`` and ``window_s`` (how long it was that slow), then the
 runner's ``backoff_s`` (how long it waits before its gate judges it again) or rank 0's ``step``."""
