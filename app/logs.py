@@ -46,6 +46,7 @@ from types import TracebackType
 from typing import TextIO
 
 from app import events
+from app.atomic import atomic_write_text
 from app.runtime import launcher
 
 DEFAULT_LOG_DIR = Path("logs")
@@ -111,6 +112,17 @@ def cause_of(text: str) -> str:
     for a line of one's own that gives its own exit status; any other text as it is."""
     match = _ERROR_LINE.match(text)
     return match["cause"] if match else text
+
+
+def write_error_file(path: str, message: str, callstack: str) -> None:
+    """torchelastic's error file of this rank (TORCHELASTIC_ERROR_FILE), as torch's ``record`` writes it, but whole or
+    not at all: a rank stopped while torch wrote it left an empty file, on which torch's agent failed to build the
+    rank's failure and ended the job (``unexpected JSONDecodeError``, seen beside two busy loops)."""
+    data = {
+        "message": {"message": message, "extraInfo": {"py_callstack": callstack, "timestamp": str(int(time.time()))}}
+    }
+    with contextlib.suppress(OSError):
+        atomic_write_text(path, json.dumps(data))
 
 
 class RunLog:
@@ -249,12 +261,8 @@ class RunLog:
 
     def _tell_torchrun(self, text: str) -> None:
         """Give torchrun's agent the one line, so that its failure report names the root cause."""
-        if self.who.error_file is None:
-            return
-        stamp = str(int(time.time()))
-        data = {"message": {"message": text, "extraInfo": {"py_callstack": text, "timestamp": stamp}}}
-        with contextlib.suppress(OSError):
-            Path(self.who.error_file).write_text(json.dumps(data))
+        if self.who.error_file is not None:
+            write_error_file(self.who.error_file, text, text)
 
     def _record(self, error: BaseException) -> None:
         stamp = datetime.now().isoformat(timespec="seconds")

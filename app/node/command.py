@@ -35,11 +35,12 @@ import runpy
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from app import cli, contract, events, evict, flags, metrics
+from app import cli, contract, events, evict, flags, logs, metrics
 from app.diagnostics.gate_config import GateConfig
 from app.errors import ClusterError, Stopped, UsageError, first_line
 from app.node import agent, torch_elastic
@@ -297,12 +298,10 @@ def run_job(job: agent.Job) -> int:
 
 
 def record_error(error: BaseException) -> None:
-    """Write ``error`` to torchelastic's error file (TORCHELASTIC_ERROR_FILE, as ``@record`` does): the agent reads
-    the rank's failure there, not in its output."""
-    from torch.distributed.elastic.multiprocessing.errors import get_error_handler
-
-    with contextlib.suppress(OSError):
-        get_error_handler().record_exception(error)
+    """Write ``error`` to torchelastic's error file (TORCHELASTIC_ERROR_FILE, as ``@record`` does, whole or not at
+    all: ``logs.write_error_file``): the agent reads the rank's failure there, not in its output."""
+    if where := launcher.identity().error_file:
+        logs.write_error_file(where, f"{type(error).__name__}: {error}", traceback.format_exc())
 
 
 def exit_status(code: object) -> int:

@@ -271,3 +271,24 @@ def test_a_rank_names_its_process_where_setproctitle_is_installed_and_goes_on_wh
     monkeypatch.setitem(sys.modules, "setproctitle", None)  # import setproctitle raises ImportError
     node.name_process("python -u -m app train [rank 3]")
     assert titles == ["python -u -m app train [rank 3]"]
+
+
+def test_a_ranks_error_file_is_whole_or_absent_and_torchs_agent_reads_it(tmp_path, monkeypatch) -> None:
+    """torch's own writer opens the file, then writes: a rank stopped in between left it empty, and torch's agent
+    failed on it and ended the job (``unexpected JSONDecodeError``, a two-busy-loop run of 131df6d)."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from app import logs
+
+    path = tmp_path / "error.json"
+    logs.write_error_file(str(path), "RuntimeError: boom on rank 1", "Traceback ...")
+    failure = ProcessFailure(local_rank=1, pid=1, exitcode=1, error_file=str(path))
+    assert agent.error_of(failure) == "RuntimeError: boom on rank 1"
+    unfinished = tmp_path / "unfinished.json"
+
+    def stopped_before_the_rename(*_):
+        raise OSError("stopped")
+
+    monkeypatch.setattr("os.replace", stopped_before_the_rename)
+    logs.write_error_file(str(unfinished), "RuntimeError: boom", "")
+    assert not unfinished.exists() and list(tmp_path.iterdir()) == [path]  # no empty file, no temporary left
