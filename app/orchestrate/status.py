@@ -78,9 +78,8 @@ def fold(cluster: str, records: list[dict], containers: dict[str, str], now: flo
     status.ended_status = job.ended_status
     status.restarts, status.regroups, status.resizes = job.restarts, job.regroups, job.resizes
     status.evictions = job.evictions
-    if job.checkpoint:
-        status.checkpoint = {**job.checkpoint, "age_s": round(now - job.checkpoint["time"], 1)}
-        del status.checkpoint["time"]
+    if c := job.checkpoint:
+        status.checkpoint = {"step": c["step"], "path": c["path"], "age_s": round(now - c["time"], 1)}
     last_exchange = job.exchange
     hosts = (last_exchange or {}).get("hosts") or []
     if last_exchange:

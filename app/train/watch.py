@@ -315,17 +315,15 @@ class Watch:
         """
         what, step = self.doing
         failed = f"the {what} of step {step} failed ({first_line(error, 160)})"
-        answered = self._roll_call(completed, LOST_PEER_GRACE_S if lost_peer(error) else REPORT_GRACE_S)
-        self.peers_lost = answered is None
+        lost = lost_peer(error)
+        answered = self._roll_call(completed, LOST_PEER_GRACE_S if lost else REPORT_GRACE_S)
         if answered is None:  # no roll call could be held: who stopped cannot be told from here (rank 0 may be fine)
+            self.peers_lost = True
             nor = "" if self.ctx.proc.survivors_store is None else ", nor the survivors' store"
             return f"{failed}; no store answers (rank 0's on {self.hosts[0]}{nor}): which ranks stopped cannot be told"
         silent = [r for r in range(self.world) if r not in answered]
         stopped = [r for r in answered if self.answers[r].get("stopped")]
-        if lost_peer(error):
-            silent, waiting = self._waiting_on_this_rank(silent, answered, bool(stopped))
-        else:
-            waiting = []
+        silent, waiting = self._waiting_on_this_rank(silent, answered, bool(stopped)) if lost else (silent, [])
         unsure = f"; {NOT_YET}: {self._on_hosts(waiting)}" if waiting else ""
         self.peers_lost = bool(silent)
         self.peers_stopped = not silent and bool(stopped)
