@@ -36,6 +36,18 @@ GATE_SECONDS = 1.0
 """The health gate's time measuring each device (app gate --device-seconds, the spec's nodes.gate_seconds): half app
 check's (it is on the path of every node's start and rejoin; a figure that falls short is measured once more before
 it counts)."""
+GATE_FAIL_BELOW = 0.5
+"""The health gate keeps a node out when a device figure is below this fraction of the job's at its start (app gate
+--fail-below, the spec's nodes.gate_fail_below)."""
+
+
+def check_gate_fail_below(fraction: float, flag_name: str) -> None:
+    """UsageError unless ``fraction`` (GATE_FAIL_BELOW's kind, given as ``flag_name``) is in (0, 1]."""
+    if not 0 < fraction <= 1:
+        example = f"{GATE_FAIL_BELOW:g}"
+        raise UsageError(f"{flag_name} {fraction:g} must be a fraction of the job's figures in (0, 1], e.g. {example}")
+
+
 GATE_RETRY_S = 10
 """Seconds between a kept-out node's gate judgements: every engine's node agent's --retry-every (render.node_args)."""
 NODE_ARGS = "node.args"

@@ -23,6 +23,7 @@ GPUS_PER_NODE ?=
 MASTER_PORT ?=
 MAX_RESTARTS ?=
 GATE_SECONDS ?=
+GATE_FAIL_BELOW ?=
 CLUSTER_TIMEOUT ?=
 # An app command line (python -m app $(JOB)), or SCRIPT: your torchrun script, run unchanged with ARGS.
 JOB ?=
@@ -61,7 +62,7 @@ quote = '$(subst ','\'',$(1))'
 SPEC_FLAGS = $(call knob,--spec,$(SPEC)) $(call knob,--name,$(CLUSTER)) $(call knob,--nodes,$(NODES)) \
 	$(call knob,--nproc-per-node,$(NPROC_PER_NODE)) $(call knob,--gpus-per-node,$(GPUS_PER_NODE)) \
 	$(call knob,--master-port,$(MASTER_PORT)) $(call knob,--max-restarts,$(MAX_RESTARTS)) \
-	$(call knob,--gate-seconds,$(GATE_SECONDS)) \
+	$(call knob,--gate-seconds,$(GATE_SECONDS)) $(call knob,--gate-fail-below,$(GATE_FAIL_BELOW)) \
 	$(call knob,--time-limit,$(CLUSTER_TIMEOUT))
 # The local targets' processes: NPROC_PER_NODE, else the spec's default (asked of the app, not restated).
 LOCAL_NPROC = $(or $(NPROC_PER_NODE),$(shell $(APP) topology --format nproc-per-node))

@@ -23,7 +23,7 @@ class GateConfig:
     torchrun_args: Path | None = field(default=None, metadata=flag(metavar="PATH"))
     """torchrun's arguments (ddp-node's /cluster/torchrun.args): the rendezvous the doctor checks; none: devices
     only."""
-    fail_below: float = field(default=0.5, metadata=flag(metavar="FRACTION"))
+    fail_below: float = field(default=contract.GATE_FAIL_BELOW, metadata=flag(metavar="FRACTION"))
     """Keep the node out when a device figure is below FRACTION x the job's at its start."""
     device_seconds: float = field(default=contract.GATE_SECONDS, metadata=flag(metavar="S"))
     """Seconds measuring each device (matrix product, then copy), as app check's --device-seconds."""
@@ -33,10 +33,7 @@ class GateConfig:
     """0: judge once (exit 3 when kept out); S: say it once, then judge again every S seconds until it passes."""
 
     def __post_init__(self) -> None:
-        if not 0 < self.fail_below <= 1:
-            raise UsageError(
-                f"--fail-below {self.fail_below:g} must be a fraction of the job's figures in (0, 1], e.g. 0.5"
-            )
+        contract.check_gate_fail_below(self.fail_below, "--fail-below")
         for name, value in (("--device-seconds", self.device_seconds), ("--timeout", self.timeout_s)):
             if value <= 0:
                 raise UsageError(f"{name} {value:g} must be a positive number of seconds")

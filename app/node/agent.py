@@ -142,6 +142,14 @@ NO_RANK_0 = (
 """The line of a node whose round lost its rank 0: a node that stalls past the heartbeats' limit (a container
 starved on a loaded machine) after the round completed is dropped by the others, and leaves them waiting for the
 address that rank 0 alone writes; torch's agent would end the job (``DistStoreError ... MASTER_ADDR``)."""
+DROPPED = (
+    "node: the other nodes dropped this node from the rendezvous round it trains in (its heartbeats stopped for "
+    "longer than they allow): its ranks stop at a step they keep and it joins the next round with the others"
+)
+"""The line of a node dropped from the round its ranks train in: a node whose agent stalled past the heartbeats'
+limit (a container starved on a loaded machine) while its ranks went on. torch's agent would go on training in a
+round the others no longer count it in, and the next node to join would open a round of its own: two jobs, one
+checkpoint. The node regroups at once instead (``events.REGROUP``), as for a node that waits to join."""
 SETTLE_S = 1.0
 """Seconds the agent waits after a rank's failure before it takes the attempt's failures (every rank's that ended)."""
 
@@ -152,7 +160,8 @@ def event_agent(evicting: bool = False) -> type:
     ranks a straggler policy, so their statuses ``evict.LEFT`` and ``evict.PEER_LEFT`` are an eviction's (without
     one they are the script's own, a failure like any other: a script that exits 5 is not restarted forever).
 
-    torch's agent monitors its ranks (``monitored``, app/node/torch_elastic.py's hook): an attempt that failed is a
+    torch's agent monitors its ranks (``monitored``, app/node/torch_elastic.py's hook); healthy ranks of a node that
+    the others dropped from the round (``DROPPED``) are restarted, not counted. An attempt that failed is a
     ``RunResult`` whose ``failures`` are torchelastic's ``ProcessFailure`` (exit status or signal, and the rank's
     error file). Each one becomes a WORKER_FAILED record. Restarts stop (no attempt is left, so torch's agent ends
     the job with its ChildFailedError, and a GAVE_UP record says why) when a rank ended with status 2 (bad input,
@@ -185,6 +194,12 @@ def event_agent(evicting: bool = False) -> type:
             self._met, self._round = True, round_nodes(handler)
 
         def monitored(self, result: Any, again: Callable[[], Any], spec: Any) -> Any:
+            if result.state == WorkerState.HEALTHY and torch_elastic.dropped(spec.rdzv_handler):
+                print(DROPPED, flush=True)
+                events.write(events.REGROUP, why="this node was dropped from its round (missed heartbeats)")
+                self.restarts_left += 1  # torch's restart of an unhealthy group takes it: not counted
+                result.state = WorkerState.UNHEALTHY
+                return result
             if result.state != WorkerState.FAILED:
                 return result
             attempt = spec.max_restarts - self.restarts_left  # the first rank's exit, written at once (the runner

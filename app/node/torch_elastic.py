@@ -51,6 +51,7 @@ PRIVATE = (
     Private(AGENT, "LocalElasticAgent._remaining_restarts", on_instance=True),
     Private(DYNAMIC, "DynamicRendezvousHandler._settings", on_instance=True),
     Private(DYNAMIC, "DynamicRendezvousHandler._state_holder", on_instance=True),
+    Private(DYNAMIC, "DynamicRendezvousHandler._this_node", on_instance=True),
     Private(DYNAMIC, "DynamicRendezvousHandler._op_executor", on_instance=True),
     Private(DYNAMIC, "DynamicRendezvousHandler._stop_heartbeats", ("self",)),
     Private(DYNAMIC, "DynamicRendezvousHandler._get_deadline", ("self", "timeout")),
@@ -197,6 +198,13 @@ def round_state(handler: Any) -> tuple[frozenset, frozenset] | None:
     if holder is None:
         return None
     return frozenset(holder.state.participants), frozenset(holder.state.wait_list)
+
+
+def dropped(handler: Any) -> bool:
+    """This node is not a participant of the c10d round its handler's state last read (that torch's agent reads at
+    each look at healthy ranks): the others dropped it for missed heartbeats while its ranks trained. Others: False."""
+    holder, node = getattr(handler, "_state_holder", None), getattr(handler, "_this_node", None)
+    return holder is not None and node is not None and node not in holder.state.participants
 
 
 def wrote_no_error_file(failure: Any) -> bool:

@@ -17,8 +17,11 @@ from app.topology.spec import ClusterSpec, Host
 LAST_CALL_S = 2
 """Seconds an elastic rendezvous waits for more nodes once --min-nodes have joined (torch's default, 30,
 would idle the survivors of a lost node that long at every restart)."""
-KEEP_ALIVE_MISSED = 3
-"""Heartbeats a node may miss before the rendezvous drops it (torch's keep_alive_max_attempt default)."""
+KEEP_ALIVE_MISSED = 10
+"""Heartbeats a node may miss before the rendezvous drops it (torch's keep_alive_max_attempt, whose default is 3): a
+node's agent that a busy machine starves for a few seconds is not dropped from a round that is training (one that
+is is taken back by a regroup, app/node/agent.py's DROPPED); a node that died is dropped within 10 s at the spec's
+1 s heartbeat (torch's defaults: 15 s)."""
 
 
 def env_vars(spec: ClusterSpec, hosts: tuple[Host, ...]) -> dict[str, str]:
@@ -83,10 +86,11 @@ def agent_args(spec: ClusterSpec, nnodes: int | str, nproc_per_node: int) -> lis
 
 
 def gate_args(spec: ClusterSpec) -> list[str]:
-    """``python -m app node``'s gate flags that the spec sets, on every engine: its measuring time, where it is not
-    the gate's own default."""
-    seconds = spec.nodes.gate_seconds
-    return [] if seconds == contract.GATE_SECONDS else [f"--device-seconds={seconds:g}"]
+    """``python -m app node``'s gate flags that the spec sets, on every engine: its measuring time and its fraction,
+    where they are not the gate's own defaults."""
+    n = spec.nodes
+    flags = [] if n.gate_seconds == contract.GATE_SECONDS else [f"--device-seconds={n.gate_seconds:g}"]
+    return flags if n.gate_fail_below == contract.GATE_FAIL_BELOW else [*flags, f"--fail-below={n.gate_fail_below:g}"]
 
 
 def node_args(spec: ClusterSpec, evicting: bool = True) -> list[str]:

@@ -44,6 +44,10 @@ ENGINES = {
 """Where a spec is used, by the names its fields' ``used_by`` metadata gives."""
 
 
+NODE_AGENTS = ("compose", "ansible", "slurm", "kubernetes")
+"""The engines whose nodes run ``app node`` (its gate and agent) with the flags the spec renders (render.node_args)."""
+
+
 def used_by(*engines: str) -> dict:
     """Field metadata: the engines that use this field (``all``: every one)."""
     unknown = set(engines) - {"all", *ENGINES}
@@ -138,9 +142,12 @@ class Nodes:
     evict_after: int = field(default=evict.AFTER, metadata=used_by("compose", "slurm", "kubernetes"))
     """Exchanges of step times (every --exchange-every steps of app train) at which a node must be that slow, of
     the last 2 x this - 1, before its eviction."""
-    gate_seconds: float = field(default=contract.GATE_SECONDS, metadata=used_by("compose", "slurm", "kubernetes"))
+    gate_seconds: float = field(default=contract.GATE_SECONDS, metadata=used_by(*NODE_AGENTS))
     """Seconds each node's health gate measures each of its devices, at the node's first start and at every
     return (app gate --device-seconds): longer reads steadier, shorter lets a node in sooner."""
+    gate_fail_below: float = field(default=contract.GATE_FAIL_BELOW, metadata=used_by(*NODE_AGENTS))
+    """The health gate keeps a node out when a device figure is below this fraction of the job's figures at its
+    start (app gate --fail-below): lower admits slower nodes."""
 
     def __post_init__(self) -> None:
         _positive("--nodes", self.nodes)
@@ -155,6 +162,7 @@ class Nodes:
         evict.check(self.evict_factor, self.evict_after)
         if not self.gate_seconds > 0:
             raise UsageError(f"--gate-seconds {self.gate_seconds:g} must be a positive number of seconds, e.g. 1")
+        contract.check_gate_fail_below(self.gate_fail_below, "--gate-fail-below")
         if self.gpus_per_node < 0:
             raise UsageError(f"--gpus-per-node {self.gpus_per_node} must be >= 0 (0: CPU nodes)")
         if self.gpus_per_node and self.nproc_per_node > self.gpus_per_node:
@@ -208,8 +216,8 @@ class Rendezvous:
     join_timeout: int = field(default=120, metadata=used_by("compose", "slurm", "kubernetes"))
     """Seconds a node waits at the rendezvous for the others before the job fails."""
     keep_alive: int = field(default=1, metadata=used_by("compose", "slurm", "kubernetes"))
-    """Seconds between each node's heartbeats in the c10d rendezvous; a node silent for 3 of them (lost) leaves the
-    round, so the others form the next one without waiting for it (torch's own default, 5, takes 15 s)."""
+    """Seconds between each node's heartbeats in the c10d rendezvous; a node silent for 10 of them (lost) leaves the
+    round, so the others form the next one without waiting for it (torch's own defaults take 15 s)."""
     max_restarts: int = field(default=3, metadata=used_by("compose", "slurm", "kubernetes"))
     """Times torchrun restarts every worker after one fails (each restart is a new rendezvous round;
     the job resumes from its last checkpoint); 0: fail at once."""

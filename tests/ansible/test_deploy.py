@@ -24,6 +24,7 @@ import yaml
 from app import contract
 from app.orchestrate import engine
 from tests.ansible.conftest import ANSIBLE_DIR, ansible_env, record_timing, run_playbook
+from tests.rigs import gate_figures
 from tests.rigs.nodes import nodes
 
 pytestmark = [pytest.mark.ansible, pytest.mark.docker, pytest.mark.slow]
@@ -71,7 +72,7 @@ def deployed(node_cluster: dict, tmp_path_factory: pytest.TempPathFactory) -> di
                  "launch_ssh_key_dir": str(work / "ssh"), "image_build_command": "",
                  "cluster_config_scrape_file": str(work / SCRAPE_FILE),
                  "verify_app_check_command": f"check {NO_DEVICE_VERDICT} --json {VERIFY_REPORT}",
-                 "cluster_spec": {"job": job}}  # fmt: skip
+                 "cluster_spec": {"job": job, "nodes": gate_figures.QUICK_SPEC}}  # fmt: skip
     dry = run_playbook(DEPLOY, node_cluster["inventory"], extravars, cmdline="--check")
     assert dry.status == "successful" and dry.total("failures") == 0, dry.stdout[-4000:]
     assert "would be shipped to" in dry.stdout and dry.total("changed") > 0, "a dry run on bare nodes saw nothing to do"

@@ -22,7 +22,7 @@ import pytest
 
 from app import events
 from tests.rigs.faults.drive import CFS_PERIOD_US, SICK_QUOTA_US, TRAIN, FaultRun, explain
-from tests.rigs.gate_figures import KEEP_OUT, LET_IN, MEASURED
+from tests.rigs.gate_figures import FAIL_BELOW, KEEP_OUT, LET_IN, MEASURED
 
 from .conftest import project_leftovers, run
 
@@ -119,7 +119,7 @@ GATE_TRAIN = [*TRAIN[: TRAIN.index("--epochs") + 1], str(GATE_EPOCHS), *TRAIN[TR
 GATE_HOOKS = [*HOOKS, "--sleep-rank", "0", "--sleep-ms", "1500", "--sleep-below-world", "4"]
 KEPT_OUT = re.compile(
     r"^cluster: node (?P<node>\S+) kept out: device check [\d.]+ (GFLOP/s|GB/s copy) against the job's [\d.]+ "
-    r"\(fail below 0\.5\); tried again every 10 s; the job goes on with the other nodes \(--min-nodes 1\)$",
+    r"\(fail below [\d.e+-]+\); tried again every 10 s; the job goes on with the other nodes \(--min-nodes 1\)$",
     re.M,
 )
 
@@ -176,7 +176,7 @@ def test_a_worker_kept_out_by_its_gate_rejoins_once_it_passes_and_the_world_grow
     done = fault_run.finish(proc)
     assert done.returncode == 0, explain(done)
 
-    assert re.fullmatch(r"device check [\d.]+ GFLOP/s against the job's 1000000000\.0 \(fail below 0\.5\)",
+    assert re.fullmatch(rf"device check [\d.]+ GFLOP/s against the job's 1000000000\.0 \(fail below {FAIL_BELOW:g}\)",
                         kept_out["detail"]), kept_out  # fmt: skip
     _kept_out_then_back(fault_run, done, worker)
     assert fault_run.summary()["step"] == FINAL_STEP

@@ -313,6 +313,53 @@ def test_a_node_dropped_from_the_round_it_completed_joins_the_next_with_the_othe
     assert not [line for _, err in said.values() for line in err.splitlines() if line.startswith("error: ")], said
 
 
+def test_a_node_dropped_from_the_round_its_ranks_train_in_regroups_with_them(tmp_path: Path, reference: Path) -> None:
+    """A node whose agent stalls past the heartbeats' limit while its ranks train (a container starved on a loaded
+    machine) is dropped from the round by the others; its ranks go on. Back, it stops them at a step they keep and
+    joins the next round, which the others take as a node waiting to join: one job again, no step lost, the final
+    parameters the uninterrupted run's (before: it trained on in a round that no longer counted it, and the next
+    node to join opened a round of its own, a make test run's split job). The stall is the test's: SIGSTOP to the
+    worker's agent alone (its ranks hold at step 3, in no collective) until the store shows the drop."""
+    env = _clean_env({"GLOO_SOCKET_IFNAME": "lo"})
+    conf = "--rdzv-conf=join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=3"  # dropped after 3 s
+    out, go = tmp_path / "out", tmp_path / "go"
+    job = [str(FAULT_JOB), "--hold-at-step", "3", "--hold-until", str(go), "--",
+           *synthetic(out, *CHECKPOINTED, "--resume", "auto")]  # fmt: skip
+
+    def start(port: int, addr: str, name: str) -> subprocess.Popen:
+        c10d = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                "--rdzv-id=dropped", conf, f"--local-addr={addr}"]  # fmt: skip
+        cmd = node_command(tmp_path / name, [*c10d, *job])
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # fmt: skip
+
+    head_address = this_machines_address()  # rank 0
+    with store_server() as port:
+        procs = [start(port, head_address, "head"), start(port, "worker.invalid", "worker")]
+        head, worker = procs
+        try:
+            state = functools.partial(rendezvous_state, port, "dropped")
+            wait_for("both ranks held at step 3", lambda: progress.reached(out) == 3, procs)
+            os.kill(worker.pid, signal.SIGSTOP)  # the worker's agent alone: its ranks hold on
+            wait_for("the stalled worker dropped from round 0",
+                     lambda: all(n.addr == head_address for n in state().participants), [head])  # fmt: skip
+            os.kill(worker.pid, signal.SIGCONT)
+            wait_for("the next round, complete with both",
+                     lambda: (s := state()).round > 0 and s.complete and len(s.participants) == 2, procs)  # fmt: skip
+            go.touch()  # (the resumed ranks are past step 3: a job that never regrouped would be held until now)
+            said = {name: proc.communicate(timeout=TIMEOUT) for name, proc in (("head", head), ("worker", worker))}
+        finally:
+            go.touch()
+            for proc in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGCONT)
+                    os.killpg(proc.pid, signal.SIGKILL)
+    assert (head.returncode, worker.returncode) == (0, 0), said
+    assert agent.DROPPED in said["worker"][0].splitlines(), said["worker"]  # the node that was dropped says why
+    assert not [line for _, err in said.values() for line in err.splitlines() if line.startswith("error: ")], said
+    same_final_params(reference, out)
+
+
 def test_an_exception_of_a_script_is_reported_as_torchrun_reports_it(tmp_path: Path) -> None:
     done = run_node(tmp_path, [*TWO_RANKS, str(NODE_JOB), "--raise-on-rank", "1", str(tmp_path)])
     assert done.returncode == 1, done.stderr[-3000:]

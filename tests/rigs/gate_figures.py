@@ -21,8 +21,18 @@ GATE_SECONDS = 0.2
 Makefile's GATE_SECONDS): a fifth of its default, which every node start and return spends, serially, on a machine
 whose cores the suite keeps busy. The suite's gate verdicts come from the figures a test sets, not from how steady a
 measurement is; the noise tests (make test-noise) keep the default (``MEASURED``)."""
-MEASURED = ("--gate-seconds", f"{contract.GATE_SECONDS:g}")
-"""``app cluster up``'s flags of a noise test, whose gate verdict rests on the measurement: the gate's default."""
+FAIL_BELOW = 1e-6
+"""The gate's fraction in the container tests (the spec's nodes.gate_fail_below): a node that measures a millionth of
+the best figure recorded at the job's start passes, whatever the load when each node measured, and KEEP_OUT still
+keeps every node out (a millionth of it is 1e12 FLOP/s). Every gate verdict of make test is then the test's figures'."""
+QUICK = ("--gate-seconds", f"{GATE_SECONDS:g}", "--gate-fail-below", f"{FAIL_BELOW:g}")
+"""``app cluster up``'s gate flags in the container tests (a test's own, given after them, win)."""
+QUICK_MAKE = (f"GATE_SECONDS={GATE_SECONDS:g}", f"GATE_FAIL_BELOW={FAIL_BELOW:g}")
+"""The same as make's knobs (mk/cluster.mk)."""
+QUICK_SPEC = {"gate_seconds": GATE_SECONDS, "gate_fail_below": FAIL_BELOW}
+"""The same as the spec's nodes section (Ansible's cluster_spec.nodes)."""
+MEASURED = ("--gate-seconds", f"{contract.GATE_SECONDS:g}", "--gate-fail-below", f"{contract.GATE_FAIL_BELOW:g}")
+"""``app cluster up``'s flags of a noise test, whose gate verdict rests on the measurement: the gate's defaults."""
 
 
 def set_figures(folder, value: float) -> None:

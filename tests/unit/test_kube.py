@@ -256,7 +256,7 @@ def test_torchrun_reads_the_pytorchjob_as_the_training_operator_passes_it(monkey
     command = job["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
     args = kube_checks.node_agent_torchrun(command)
     assert (args.nnodes, args.nproc_per_node, args.max_restarts, args.rdzv_backend) == ("3:3", "4", 3, "c10d")
-    conf = "join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=3"
+    conf = "join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=10"
     assert (args.rdzv_endpoint, args.rdzv_id, args.rdzv_conf) == ("llm-master-0:29500", "llm", conf)
     assert args.training_script == "app" and args.module
 

@@ -47,7 +47,7 @@ def test_torchrun_static_and_c10d_rendezvous() -> None:
     ]
     c10d = render.torchrun_args(TWO_BY_TWO, HOSTS)
     assert "--rdzv-endpoint=node0:29400" in c10d
-    assert "--rdzv-conf=join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=3" in c10d
+    assert "--rdzv-conf=join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=10" in c10d
 
 
 def test_torchs_c10d_rendezvous_takes_the_rendered_settings() -> None:
@@ -70,7 +70,10 @@ def test_torchs_c10d_rendezvous_takes_the_rendered_settings() -> None:
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     params = RendezvousParameters("c10d", f"127.0.0.1:{store.port}", "demo", 2, 3, **conf)
     settings = create_handler(store, C10dRendezvousBackend(store, "demo"), params)._settings
-    assert settings.keep_alive_interval.total_seconds() == 2 and settings.keep_alive_max_attempt == 3
+    assert (
+        settings.keep_alive_interval.total_seconds() == 2
+        and settings.keep_alive_max_attempt == render.KEEP_ALIVE_MISSED
+    )
     assert settings.timeout.join.total_seconds() == 120 and settings.timeout.last_call.total_seconds() == 2
 
 
@@ -83,7 +86,7 @@ def test_min_nodes_defaults_to_nodes_and_renders_as_torchruns_min_max() -> None:
     args = render.torchrun_args(elastic, elastic.nodes.hosts)
     assert (
         "--nnodes=2:3" in args
-        and "--rdzv-conf=join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=2" in args
+        and "--rdzv-conf=join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=10,last_call_timeout=2" in args
     )
     with pytest.raises(UsageError, match="static rendezvous"):
         render.torchrun_args(elastic, elastic.nodes.hosts, node_rank=0)
@@ -170,6 +173,8 @@ def test_job_argv_runs_the_app_or_the_users_script_unchanged() -> None:
         (lambda: Nodes(gate_seconds=0), "--gate-seconds 0 must be a positive number of seconds"),
         (lambda: build({"nodes": {"gate_seconds": -1}}), "--gate-seconds -1 must be a positive"),
         (lambda: build({"nodes": {"gate_seconds": "2"}}), "nodes.gate_seconds = '2' must be a number"),
+        (lambda: Nodes(gate_fail_below=0), "--gate-fail-below 0 must be a fraction of the job's figures in (0, 1]"),
+        (lambda: build({"nodes": {"gate_fail_below": 1.5}}), "--gate-fail-below 1.5 must be a fraction"),
         (lambda: build({"nodes": {"min_nodes": 1}, "job": {"launcher": "mpirun"}}), "needs --launcher torchrun"),
     ],
 )

@@ -106,3 +106,15 @@ def test_the_range_pyproject_states_is_the_torch_of_every_venv_that_runs_this() 
     [torch_line] = [line for line in extra if line.startswith("torch")]
     release = Version(torch.__version__).base_version
     assert release in SpecifierSet(torch_line.removeprefix("torch")), (torch_line, torch.__version__)
+
+
+def test_a_node_out_of_its_rounds_participants_reads_as_dropped() -> None:
+    """The state as the handler last read it: a node the others dropped is not among the participants."""
+    handler = real_ones()["DynamicRendezvousHandler"]
+    state = handler._state_holder.state
+    assert torch_elastic.dropped(handler)  # a handler that never joined is in no round
+    state.participants[handler._this_node] = 0
+    assert not torch_elastic.dropped(handler)
+    del state.participants[handler._this_node]  # what the others' sanitizing of its heartbeats does
+    assert torch_elastic.dropped(handler)
+    assert not torch_elastic.dropped(object())  # not c10d's: never

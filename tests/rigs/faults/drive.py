@@ -52,6 +52,10 @@ TRAIN = [
 ]  # fmt: skip
 """app train's flags: 23 steps per epoch on 4 ranks, 46 in all; checkpoints at 10, 20, 23, 30, 40, 46."""
 FINAL_STEP = 46
+JOIN_TIMEOUT_S = 600
+"""The fault jobs' --join-timeout: their first round waits half of it for every node (app/node/agent.py), so a node
+that a loaded machine starts late still makes it (a job that starts on fewer nodes has another global batch); it
+bounds only a failure (a node that never comes), not a passing run."""
 GATE_RECORDS = str(GateConfig().records)
 """Where every node's gate records its figures at the job's start (the results volume, shared by the nodes)."""
 
@@ -69,7 +73,7 @@ class FaultRun:
         return [
             sys.executable, "-m", "app", "cluster", "up", "--name", self.project, "--image", self.image,
             "--results", str(self.results), "--script", JOB, "--args", args,
-            "--gate-seconds", str(gate_figures.GATE_SECONDS), *spec,  # a test's own --gate-seconds comes last: it wins
+            *gate_figures.QUICK, "--join-timeout", str(JOIN_TIMEOUT_S), *spec,  # a test's own flags come last: they win
         ]  # fmt: skip
 
     def start(self, hooks: list[str], *spec: str, train: list[str] = TRAIN) -> subprocess.Popen:

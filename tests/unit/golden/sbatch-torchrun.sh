@@ -25,5 +25,5 @@ echo "slurm: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: node agents, rendezvous $
 exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 \
     /shared/venv/bin/python -m app node --serve-metrics --records="/tmp/lab-$SLURM_JOB_ID.gate" --retry-every=10 -- \
     --nnodes=4 --nproc-per-node=8 --max-restarts=2 \
-    --rdzv-backend=c10d --rdzv-endpoint="$head:$port" --rdzv-id="$SLURM_JOB_ID" --rdzv-conf=join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=3 \
+    --rdzv-backend=c10d --rdzv-endpoint="$head:$port" --rdzv-id="$SLURM_JOB_ID" --rdzv-conf=join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=10 \
     -m app train --dataset mnist --out /shared/runs/lab --resume auto
