@@ -108,7 +108,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _prepare(args: argparse.Namespace) -> Run:
-    """The spec, checked once, and every file the cluster needs, rendered once into STATE_DIR/NAME/."""
+    """The spec, checked once, and every file the cluster needs, rendered once into STATE_DIR/NAME/. ``down`` and
+    ``logs`` keep the files that the cluster's ``up`` rendered (its nodes, as many as it had): they name the cluster,
+    not its shape; rendered only where none are there yet."""
     spec = topology.spec_from_args(args)
     engine.sdk()  # missing: one line before anything is written
     if getattr(args, "image", None) is None and args.image_name:  # (spec flags are absent unless given)
@@ -116,8 +118,10 @@ def _prepare(args: argparse.Namespace) -> Run:
         spec = dataclasses.replace(spec, job=dataclasses.replace(spec.job, image=image))
     folder = (args.state_dir / spec.job.name).resolve()
     monitor = compose.Monitor(**({"image": args.monitor_image} if args.monitor_image else {}), port=args.monitor_port)
-    for name, text in compose.cluster_files(spec, folder, monitor).items():
-        atomic_write_text(folder / name, text)
+    files = compose.cluster_files(spec, folder, monitor)
+    if args.action == "up" or not all((folder / name).is_file() for name in files):
+        for name, text in files.items():
+            atomic_write_text(folder / name, text)
     log_file = getattr(args, "log_file", None) or args.state_dir / f"{spec.job.name}.log"  # the command's log
     events_file = compose.events_file(folder)  # every container's agent and ranks append to it, as their user
     events_file.parent.mkdir(parents=True, exist_ok=True)

@@ -370,6 +370,28 @@ def test_hints_name_the_cluster_as_the_user_started_it(run):
     assert made.hint("down") == "make cluster-down CLUSTER=x"
 
 
+def test_down_and_logs_keep_the_files_that_up_rendered(run):
+    """``cluster down --name x`` gives no shape: the nodes of x's ``up`` (3 here) stay in its compose files, so that
+    down and logs see every one of them (before: re-rendered at the default 2, the third an orphan)."""
+    parser = argparse.ArgumentParser()
+    runner.add_arguments(parser)
+
+    def prepare(*words: str) -> runner.Run:
+        args = parser.parse_args([*words, "--name", "x", "--state-dir", str(run.folder)])
+        return runner._prepare(argparse.Namespace(**vars(args), verbose=False))
+
+    def services() -> set[str]:
+        return set(json.loads((run.folder / "x" / "nodes.yaml").read_text())["services"])
+
+    prepare("up", "--nodes", "3")
+    three = services()
+    for action in ("down", "logs"):
+        prepare(action)
+        assert services() == three, action
+    prepare("up")
+    assert services() < three  # up renders the shape it is given: 2 nodes
+
+
 def _engine_answers() -> bool:
     try:
         engine.client().ping()
