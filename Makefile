@@ -5,8 +5,9 @@ SHELL = /usr/bin/env bash -o pipefail
 
 # Names, bases and pins of the images (docker/versions.env): each KEY=VALUE is a knob of its own,
 # set on the command line or in the environment like any other (make image-cpu TORCH_VERSION=...).
-# (Read with bash builtins only: make runs where PATH holds little more than bash and python3.)
-VERSIONS := $(shell while read -r line; do [[ $$line == [A-Z]*=* ]] && echo "$$line"; done < docker/versions.env)
+# Read by the file's one reader (app/contract.py, stdlib only) with the python3 that make's PATH has.
+VERSIONS := $(shell PYTHONPATH=$(CURDIR)/docker:$(CURDIR) python3 -m imagebuild versions)
+$(if $(filter 0,$(.SHELLSTATUS)),,$(error docker/versions.env could not be read (the line above says why)))
 $(foreach pair,$(VERSIONS),$(eval $(firstword $(subst =, ,$(pair))) ?= $(patsubst $(firstword $(subst =, ,$(pair)))=%,%,$(pair))))
 PYTHON ?= python3
 VENV ?= .venv

@@ -97,13 +97,20 @@ def shipped(relative: str) -> Path:
 
 @cache
 def versions() -> dict[str, str]:
-    """Every KEY=VALUE of docker/versions.env (comments and blank lines aside)."""
+    """Every KEY=VALUE of docker/versions.env (comments and blank lines aside): this checkout's, else the installed
+    copy."""
     path = shipped(VERSIONS_FILE)
     if not path.is_file():
         raise UsageError(
             f"{VERSIONS_FILE} not found (neither in a checkout nor at {path}): reinstall the package "
             "(pip install .) or give the image with --image"
         )
+    return read_versions(path)
+
+
+def read_versions(path: Path) -> dict[str, str]:
+    """Every KEY=VALUE of a versions file: the one reader of docker/versions.env (the image builder's, and the
+    Makefile's through ``python -m imagebuild versions``); a line of another shape is a UsageError naming it."""
     values: dict[str, str] = {}
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):

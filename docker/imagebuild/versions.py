@@ -1,30 +1,28 @@
 """docker/versions.env as a dict: the names, bases and pins of the images (the builder's defaults).
 
-    PYTHONPATH=docker python3 -c 'from imagebuild import versions; print(versions.read())'
+    PYTHONPATH=docker:. python3 -c 'from imagebuild import versions; print(versions.read())'
+    PYTHONPATH=docker:. python3 -m imagebuild versions      # KEY=VALUE lines: the Makefile's knobs
 
-The file is KEY=VALUE lines (comments and blank lines aside), without quotes or spaces, so that
-make (`include`-like, in the Makefile), shell (`. docker/versions.env`) and this reader agree.
+The file is KEY=VALUE lines (comments and blank lines aside), without quotes or spaces, so that make and shell
+(`. docker/versions.env`) read it as this does. Its one reader is the app's (``app.contract.read_versions``, stdlib
+only): the builder, the Makefile (through ``versions``) and the app cannot disagree.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
-from .host import BuildError
+from app.contract import VERSIONS_FILE, read_versions
+from app.errors import UsageError
 
-FILE = Path(__file__).resolve().parents[1] / "versions.env"
-LINE = re.compile(r"([A-Z][A-Z0-9_]*)=([^\s'\"$`\\]+)")
+from .host import ROOT, BuildError
+
+FILE = ROOT / VERSIONS_FILE
 
 
 def read(path: Path = FILE) -> dict[str, str]:
     """Every KEY=VALUE of PATH; a line of another shape is an error naming it."""
-    values: dict[str, str] = {}
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        match = LINE.fullmatch(line)
-        if match is None:
-            raise BuildError(f"{path}:{number}: '{line}' is not KEY=VALUE (no quotes, spaces or $); fix that line")
-        values[match[1]] = match[2]
-    return values
+    try:
+        return read_versions(path)
+    except UsageError as error:
+        raise BuildError(str(error)) from None

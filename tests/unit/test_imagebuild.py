@@ -7,6 +7,7 @@ Run: ``.venv/bin/python -m pytest tests/unit/test_imagebuild.py`` (a few seconds
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -295,6 +296,22 @@ def test_every_step_has_help() -> None:
         assert builder(step, "--help").returncode == 0
 
 
+def test_versions_env_has_one_reader_that_the_makefile_asks(tmp_path) -> None:
+    """The builder and make read docker/versions.env through the app's reader (app/contract.py): no second parser
+    (the control: a line it refuses stops make with its line, before any target)."""
+    assert "re.compile" not in Path(versions.__file__).read_text() and versions.read() == contract.versions()
+    makefile = (ROOT / "Makefile").read_text()
+    assert "python3 -m imagebuild versions" in makefile and "< docker/versions.env" not in makefile
+    copy = tmp_path / "repo"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".git", ".venv*", "build", "__pycache__"))
+    (copy / "docker" / "versions.env").write_text("IMAGE_NAME=x\nTORCH_VERSION = '2.0'\n")
+    cmd = ["make", "--no-print-directory", "help"]
+    done = subprocess.run(cmd, cwd=copy, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0, done.stdout[-2000:]
+    assert "versions.env:2: 'TORCH_VERSION = '2.0'' is not KEY=VALUE" in done.stderr, done.stderr
+    assert "docker/versions.env could not be read" in done.stderr, done.stderr
+
+
 def test_a_malformed_versions_line_is_named(tmp_path) -> None:
     (tmp_path / "versions.env").write_text("# fine\nIMAGE_NAME=x\nTORCH_VERSION = '2.0'\n")
     with pytest.raises(BuildError, match=r"versions.env:3: .* is not KEY=VALUE"):
@@ -332,10 +349,8 @@ def test_the_makefile_takes_the_versions_as_overridable_knobs() -> None:
 
 
 def test_the_spec_names_the_image_that_make_builds() -> None:
-    """The app's reader of versions.env (app/contract.py) agrees with the builder's; the spec names
-    IMAGE_NAME in the flavour of its nodes."""
-    assert contract.versions() == versions.read()
-    name = versions.read()["IMAGE_NAME"]
+    """The spec names IMAGE_NAME in the flavour of its nodes."""
+    name = contract.versions()["IMAGE_NAME"]
     assert build({}).job.image == f"{name}:cpu"
     assert build({"nodes": {"gpus_per_node": 2, "nproc_per_node": 2}}).job.image == f"{name}:cuda"
 
