@@ -1,7 +1,8 @@
 """docker/bin/ddp-mpirun (the mpi profile's and Ansible's launcher) names an empty or unreadable hostfile before
 mpirun starts: the app's one line, exit 2 (issue 36, item 7: OpenMPI's own message was cut short).
 
-The real script, the app's real parser, and an ``mpirun`` on PATH that only leaves a mark.
+The real script (relocated to the test's cluster folder), the app's real parser, and an ``mpirun`` on PATH that
+only leaves a mark.
 Run: ``.venv/bin/python -m pytest tests/integration/test_mpirun_hostfile.py`` (about 2 s).
 """
 
@@ -12,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.rigs import entrypoints
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "docker" / "bin" / "ddp-mpirun"
 DIR = "a folder"
 
 
@@ -35,8 +37,9 @@ def launch(tmp_path: Path, hostfile_text: str | None, mode: int = 0o644) -> subp
         hostfile.write_text(hostfile_text)
         hostfile.chmod(mode)
     (tmp_path / "mpirun.args").write_text(f"-np 2 --hostfile {hostfile} -x MASTER_ADDR=a -x MASTER_PORT=29500\n")
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT), "CLUSTER_DIR": str(tmp_path)}
-    return subprocess.run(["bash", str(SCRIPT), "python", "-m", "app", "check"], cwd=tmp_path, env=env,
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
+    script = entrypoints.relocated("ddp-mpirun", tmp_path)
+    return subprocess.run(["bash", str(script), "python", "-m", "app", "check"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
 
 

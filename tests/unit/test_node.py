@@ -14,6 +14,7 @@ from app.errors import UsageError
 from app.node import agent
 from app.node import command as node
 from app.runtime import launcher
+from tests.rigs import entrypoints
 
 SPY = """
 import json
@@ -162,14 +163,14 @@ def test_the_agent_writes_each_failure_and_stops_restarting_what_no_restart_cure
 
 def test_ddp_node_gives_the_agent_the_rendered_node_flags_before_torchruns_arguments(tmp_path: Path) -> None:
     """docker/bin/ddp-node with a stand-in ``python`` that prints what it was given: the node flags of
-    CLUSTER_DIR/node.args (Kubernetes' ConfigMap) go to app node, torchrun's arguments after ``--``; none without."""
+    /cluster/node.args (Kubernetes' ConfigMap) go to app node, torchrun's arguments after ``--``; none without."""
     (tmp_path / "bin").mkdir()
     stand_in = tmp_path / "bin" / "python"
     stand_in.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
     stand_in.chmod(0o755)
     (tmp_path / "torchrun.args").write_text("--nnodes=2:3 --nproc-per-node=1\n")
-    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "CLUSTER_DIR": str(tmp_path)}
-    script = Path(__file__).parents[2] / "docker" / "bin" / "ddp-node"
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"}
+    script = entrypoints.relocated("ddp-node", tmp_path)
 
     def argv() -> list[str]:
         done = subprocess.run(["bash", str(script), "-m", "app", "check"], env=env, capture_output=True, text=True,
