@@ -14,15 +14,15 @@ ANSIBLE_NODE_IMAGE ?= ddp-cluster-node:bookworm
 
 .PHONY: ansible-node-image
 ansible-node-image: engine ## Build the node-container image (Debian bookworm stand-in for a GPU machine; debootstrap).
-	@docker image inspect $(ANSIBLE_NODE_IMAGE) >/dev/null 2>&1 || tests/rigs/nodes/build.sh $(ANSIBLE_NODE_IMAGE)
+	@docker image inspect $(ANSIBLE_NODE_IMAGE) >/dev/null 2>&1 || docker/nodes/build.sh $(ANSIBLE_NODE_IMAGE)
 
 .PHONY: ansible-nodes-up
 ansible-nodes-up: venv ansible-node-image ## Start ANSIBLE_NODES fresh node containers for the local inventory.
-	@$(PY) tests/rigs/nodes/nodes.py up --prefix $(ANSIBLE_NODES_PREFIX) --nodes $(ANSIBLE_NODES)
+	@$(PY) docker/nodes/nodes.py up --prefix $(ANSIBLE_NODES_PREFIX) --nodes $(ANSIBLE_NODES)
 
 .PHONY: ansible-nodes-down
 ansible-nodes-down: ## Remove the node containers, their volumes and network.
-	@$(PY) tests/rigs/nodes/nodes.py down --prefix $(ANSIBLE_NODES_PREFIX)
+	@$(PY) docker/nodes/nodes.py down --prefix $(ANSIBLE_NODES_PREFIX)
 
 .PHONY: ansible-clean
 ansible-clean: venv ## Remove the controller's saved image tarballs (image_cache_dir, ~/.cache/ddp-cluster/images).
@@ -38,7 +38,7 @@ LOCAL_INVENTORY = build/ansible/$(ANSIBLE_NODES_PREFIX)-nodes.yml
 .PHONY: deploy-local
 deploy-local: venv image-cpu ansible-nodes-up ## Fresh node containers, then the full deploy onto them (summary in runs/ansible/).
 	@mkdir -p $(dir $(LOCAL_INVENTORY))
-	$(PY) tests/rigs/nodes/nodes.py inventory --prefix $(ANSIBLE_NODES_PREFIX) --nodes $(ANSIBLE_NODES) > $(LOCAL_INVENTORY)
+	$(PY) docker/nodes/nodes.py inventory --prefix $(ANSIBLE_NODES_PREFIX) --nodes $(ANSIBLE_NODES) > $(LOCAL_INVENTORY)
 	$(PY) -m app deploy -i $(LOCAL_INVENTORY) $(DEPLOY_ARGS)
 
 .PHONY: ansible-collections

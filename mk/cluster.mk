@@ -70,8 +70,8 @@ JOB_FLAGS = $(if $(SCRIPT),--script $(call quote,$(SCRIPT)) $(call knob,--args,$
 # The app's host-side commands need no torch: the stdlib runs `app topology`; the cluster runner talks to the
 # engine through the Docker SDK for Python, which build/tools-venv holds (made, and the SDK added, when missing).
 APP = PYTHONPATH=$(CURDIR) $(PYTHON) -m app
-ENGINE_PYTHON = $(IMAGE_BUILD) tools --tools-venv $(TOOLS_VENV) --docker-sdk $(DOCKER_SDK_VERSION) && \
-	PYTHONPATH=$(CURDIR) $(TOOLS_VENV)/bin/python
+ENGINE_TOOLS = $(IMAGE_BUILD) tools --tools-venv $(TOOLS_VENV) --docker-sdk $(DOCKER_SDK_VERSION)
+ENGINE_PYTHON = $(ENGINE_TOOLS) && PYTHONPATH=$(CURDIR) $(TOOLS_VENV)/bin/python
 CLUSTER_RUN = $(ENGINE_PYTHON) -m app cluster $(1) --make --results $(RESULTS) $(SPEC_FLAGS) --image-name $(IMAGE_NAME) \
 	$(call knob,--image,$(IMAGE)) --monitor-image $(MONITOR_IMAGE) $(call knob,--monitor-port,$(MONITOR_PORT))
 # A cluster job's image build, which the runner starts once the spec is checked (it adds --flavour): none with IMAGE.

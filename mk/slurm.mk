@@ -1,6 +1,6 @@
 # Slurm: a mini-cluster of containers (slurmctld + NODES slurmd nodes with munge, Debian bookworm's
 # Slurm 22.05, no slurmdbd) and batch jobs rendered from the cluster spec (included by the
-# top-level Makefile). tests/rigs/slurm/minicluster.py does the work; the spec's knobs (NODES,
+# top-level Makefile). docker/slurm/minicluster.py does the work; the spec's knobs (NODES,
 # NPROC_PER_NODE, CLUSTER, JOB, SCRIPT, ARGS, SPEC, ...: mk/cluster.mk) pass through as spec flags.
 
 ##@ Slurm
@@ -11,16 +11,18 @@ SLURM_IMAGE ?= $(IMAGE_NAME)-slurm:bookworm
 LAUNCHER ?=
 # The job that slurm-cancel cancels (empty: every job named after the spec's job name, CLUSTER).
 SLURM_JOBID ?=
-# slurm-up: slurm.conf's SlurmdTimeout, seconds before a silent node is DOWN (empty: the rig's, 60).
+# slurm-up: slurm.conf's SlurmdTimeout, seconds before a silent node is DOWN (empty: the mini-cluster's, 60).
 SLURMD_TIMEOUT ?=
 
-# The rig talks to the engine through the Docker SDK for Python, as the cluster runner does (ENGINE_PYTHON).
-SLURM_RUN = $(ENGINE_PYTHON) -m tests.rigs.slurm.minicluster $(1) --image $(SLURM_IMAGE) --results $(RESULTS) \
+# The driver talks to the engine through the Docker SDK for Python, as the cluster runner does (ENGINE_PYTHON's
+# tools venv); it is the package `slurm` under docker/, found as the image builder is (docker/ on PYTHONPATH).
+SLURM_RUN = $(ENGINE_TOOLS) && PYTHONPATH=$(CURDIR)/docker:$(CURDIR) $(TOOLS_VENV)/bin/python -m slurm.minicluster $(1) \
+	--image $(SLURM_IMAGE) --results $(RESULTS) \
 	$(call knob,--job-id,$(SLURM_JOBID)) $(call knob,--slurmd-timeout,$(SLURMD_TIMEOUT)) -- $(SPEC_FLAGS) $(call knob,--launcher,$(LAUNCHER))
 
 .PHONY: slurm-image
 slurm-image: image-cpu ## Build the Slurm mini-cluster's image (the workload image + Slurm 22.05 + munge).
-	@tests/rigs/slurm/build.sh --workload $(IMAGE_NAME):cpu --tag $(SLURM_IMAGE)
+	@docker/slurm/build.sh --workload $(IMAGE_NAME):cpu --tag $(SLURM_IMAGE)
 
 .PHONY: slurm-up
 slurm-up: slurm-image ## Start the Slurm mini-cluster: slurmctld and NODES slurmd containers; shows sinfo.

@@ -3,7 +3,7 @@
     python -m app topology --format sbatch --nodes 2 --nproc-per-node 8 --gpus-per-node 8 --output job.sbatch
     sbatch job.sbatch                                        # on the cluster: rank 0's output in <name>-<id>.out
     python -m app topology --spec cluster.toml --launcher srun --format sbatch | sbatch
-    make slurm-job JOB="check"                               # on the Slurm mini-cluster (tests/rigs/slurm/)
+    make slurm-job JOB="check"                               # on the Slurm mini-cluster (docker/slurm/)
 
 Two styles, chosen by the spec's ``job.launcher``:
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from nodes import nodes
 
 from app import contract
 from app.orchestrate import engine
-from tests.rigs.nodes import nodes
 
 ANSIBLE_DIR = nodes.REPO / "ansible"
 WORKLOAD_IMAGE = contract.image(0)  # the cpu image, which the node containers run

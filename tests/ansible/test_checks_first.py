@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from nodes import nodes
 
 from app.orchestrate import engine
 from tests.ansible.conftest import ansible_env
-from tests.rigs.nodes import nodes
 
 pytestmark = [pytest.mark.ansible, pytest.mark.slow]
 HOSTS_BLOCK = "ddp-cluster hosts (managed by Ansible)"

@@ -1,9 +1,9 @@
-"""The Slurm mini-cluster's own files (a test rig: tests/rigs/slurm/): slurm.conf against its golden file,
-the node names, the driver's reading of scontrol, and a one-line error for what the rig cannot be.
+"""The Slurm mini-cluster's own files (docker/slurm/): slurm.conf against its golden file,
+the node names, the driver's reading of scontrol, and a one-line error for what the mini-cluster cannot be.
 No containers: this runs with the unit tests' speed (``pytest tests/slurm/test_rig_files.py``).
 
 Regenerate the golden file after an intended change (then read its diff):
-    PYTHONPATH=. python -c 'from tests.rigs.slurm import slurmconf; from app.topology.spec import build; \
+    PYTHONPATH=docker:. python -c 'from slurm import slurmconf; from app.topology.spec import build; \
         print(slurmconf.slurm_conf(build(GOLDEN_TABLES)), end="")' > tests/slurm/golden/slurm.conf
 """
 
@@ -14,11 +14,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from slurm import minicluster, slurmconf
 
 from app.errors import UsageError
 from app.runtime import hostlist
 from app.topology import spec
-from tests.rigs.slurm import minicluster, slurmconf
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm.conf"
 GOLDEN_TABLES = {"job": {"name": "lab"}, "nodes": {"nodes": 3, "nproc_per_node": 2}, "slurm": {"cpus_per_rank": 2}}

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [
     ROOT / "README.md",
     *sorted(ROOT.glob("*/README.md")),
-    *sorted(ROOT.glob("tests/rigs/*/README.md")),
+    *sorted(ROOT.glob("docker/*/README.md")),
     *sorted((ROOT / "docs").glob("*.md")),
     *sorted((ROOT / "mk").glob("*.mk")),
 ]

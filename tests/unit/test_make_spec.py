@@ -87,7 +87,7 @@ def test_deploy_local_deploys_to_the_node_containers_it_started(bin_dir, tmp_pat
     assert "nodes.py up --prefix hb --nodes 3" in done.stdout, done.stdout
     assert "nodes.py inventory --prefix hb --nodes 3 > build/ansible/hb-nodes.yml" in done.stdout, done.stdout
     assert " -m app deploy -i build/ansible/hb-nodes.yml" in done.stdout, done.stdout
-    listed = subprocess.run([sys.executable, "tests/rigs/nodes/nodes.py", "inventory", "--prefix", "hb", "--nodes",
+    listed = subprocess.run([sys.executable, "docker/nodes/nodes.py", "inventory", "--prefix", "hb", "--nodes",
                              "3"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
     hosts = need("yaml").safe_load(listed.stdout)["all"]["children"]["ddp_cluster"]["hosts"]
     assert list(hosts) == ["hb-node0", "hb-node1", "hb-node2"], listed.stdout

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the Slurm mini-cluster's image FROM a workload image, once per workload image.
 #
-#   tests/rigs/slurm/build.sh --workload ddp-cluster:cpu --tag ddp-cluster-slurm:bookworm     (make slurm-image)
+#   docker/slurm/build.sh --workload ddp-cluster:cpu --tag ddp-cluster-slurm:bookworm         (make slurm-image)
 #
 # The image is labelled with the workload image's id and a digest of this folder's build files:
 # while both are unchanged the build is skipped (a second `make slurm-image` costs a second);
@@ -33,8 +33,8 @@ if [[ $(docker image inspect --format "{{index .Config.Labels \"$label\"}}" "$ta
 fi
 previous=$(docker image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)
 start=$SECONDS
-mkdir -p "$here/../../../build/logs"
-log=$(cd "$here/../../.." && pwd)/build/logs/slurm-image.log
+mkdir -p "$here/../../build/logs"
+log=$(cd "$here/../.." && pwd)/build/logs/slurm-image.log
 echo "slurm: building $tag from $workload; log: build/logs/slurm-image.log"
 if ! timeout 1200 docker build --force-rm --build-arg "WORKLOAD_IMAGE=$workload" --label "$label=$stamp" \
         --tag "$tag" "$here" >"$log" 2>&1; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the node-container image: a bare Debian bookworm that stands in for a GPU machine.
 #
-#   tests/rigs/nodes/build.sh [TAG]        (default TAG: ddp-cluster-node:bookworm)
+#   docker/nodes/build.sh [TAG]        (default TAG: ddp-cluster-node:bookworm)
 #
 # Offline: FROM the project's debootstrap base (LOCAL_BASE_IMAGE of docker/versions.env, or
 # NODE_BASE_IMAGE; built here when missing, by the image builder) plus Debian packages over plain
@@ -10,7 +10,7 @@ set -euo pipefail
 
 TAG="${1:-ddp-cluster-node:bookworm}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO="$(cd "$HERE/../../.." && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
 # shellcheck source=/dev/null  # docker/versions.env: KEY=VALUE lines
 . "$REPO/docker/versions.env"
 BASE="${NODE_BASE_IMAGE:-$LOCAL_BASE_IMAGE}"

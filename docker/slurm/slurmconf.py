@@ -1,8 +1,8 @@
-"""The Slurm mini-cluster's view of a spec (a test rig, not the product): its compose project and node
-names, the environment that tests/rigs/slurm/compose.yaml reads, and the files that the host renders
-once and the init service copies into /etc/slurm.
+"""The Slurm mini-cluster's view of a spec (tooling beside the image builder, not part of the app package): its
+compose project and node names, the environment that docker/slurm/compose.yaml reads, and the files that the
+host renders once and the init service copies into /etc/slurm.
 
-    make slurm-up NODES=2                   # python3 -m tests.rigs.slurm.minicluster up: renders them here
+    make slurm-up NODES=2                   # python3 -m slurm.minicluster up: renders them here
 
 The controller's host name is ``slurmctld``; each compute node is a service of the rendered
 ``nodes.yaml`` (extending compose.yaml's template ``node``) whose host name and container name are
@@ -64,7 +64,7 @@ def check(spec: ClusterSpec) -> None:
 
 
 def compose_env(spec: ClusterSpec, image: str, folder: Path, slurmd_timeout: int = SLURMD_TIMEOUT_S) -> dict[str, str]:
-    """The variables tests/rigs/slurm/compose.yaml reads (the driver runs compose with them), for the files
+    """The variables docker/slurm/compose.yaml reads (the driver runs compose with them), for the files
     rendered into ``folder``.
 
     SLURM_CONF_DIGEST changes with slurm.conf, so that `up` with another shape recreates the
@@ -121,7 +121,7 @@ def slurm_conf(spec: ClusterSpec, slurmd_timeout: int = SLURMD_TIMEOUT_S) -> str
     }
     lines = [
         f"# slurm.conf of the Slurm mini-cluster {project(spec)}: rendered from the cluster spec by",
-        "# tests/rigs/slurm/slurmconf.py (make slurm-up); edit the spec, not this.",
+        "# docker/slurm/slurmconf.py (make slurm-up); edit the spec, not this.",
         *(f"{key}={value}" for key, value in settings.items()),
         f"NodeName={nodes} CPUs={cpus} RealMemory={REAL_MEMORY_MB} State=UNKNOWN",
         f"PartitionName={spec.slurm.partition or DEFAULT_PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP",

@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
-"""Drive the Slurm mini-cluster (tests/rigs/slurm/compose.yaml): start it, run one batch job on it
+"""Drive the Slurm mini-cluster (docker/slurm/compose.yaml): start it, run one batch job on it
 with real sbatch and srun, cancel, show, remove. ``docker compose`` runs the project; the containers are
 reached through the Docker SDK for Python (app/orchestrate/engine.py), which the Python running this needs.
 
-    python3 -m tests.rigs.slurm.minicluster up     --image ddp-cluster-slurm:bookworm -- --nodes 2
-    python3 -m tests.rigs.slurm.minicluster job    --image ... --results build/results -- --command check
-    python3 -m tests.rigs.slurm.minicluster job    --image ... --results DIR -- --launcher srun --command 'train'
-    python3 -m tests.rigs.slurm.minicluster cancel --image ... [--job-id 7]
-    python3 -m tests.rigs.slurm.minicluster status|logs|down --image ...
+    python3 -m slurm.minicluster up     --image ddp-cluster-slurm:bookworm -- --nodes 2
+    python3 -m slurm.minicluster job    --image ... --results build/results -- --command check
+    python3 -m slurm.minicluster job    --image ... --results DIR -- --launcher srun --command 'train'
+    python3 -m slurm.minicluster cancel --image ... [--job-id 7]
+    python3 -m slurm.minicluster status|logs|down --image ...
 
-from the repository's root (PYTHONPATH=. when the app is not installed), as make slurm-* runs it.
+from the repository's root with ``PYTHONPATH=docker:.`` (docker/ holds this package, ``slurm``; the root holds
+the app), as make slurm-* runs it.
 
 Everything after ``--`` is a cluster-spec flag of ``python -m app topology`` (``--help`` there
 lists them); the Makefile's knobs pass through as those flags (make slurm-up NODES=3). ``job``
@@ -46,7 +47,7 @@ from app.orchestrate import engine as docker_engine
 from app.topology import command as topology
 from app.topology import compose, slurm
 from app.topology.spec import ClusterSpec
-from tests.rigs.slurm import slurmconf
+from slurm import slurmconf
 
 COMPOSE_FILE = slurmconf.COMPOSE_FILE
 STATE_DIR = Path("build/slurm")

@@ -1,9 +1,9 @@
 """Node containers that stand in for GPU machines: Debian bookworm with its own dockerd, on a
 user-defined bridge network, reached by Ansible through the Docker CLI (no SSH).
 
-    python tests/rigs/nodes/nodes.py up --prefix ddp --nodes 2      # ddp-node0, ddp-node1 on ddp-net
-    python tests/rigs/nodes/nodes.py down --prefix ddp
-    python tests/rigs/nodes/nodes.py inventory --prefix ddp > inv.yml
+    python docker/nodes/nodes.py up --prefix ddp --nodes 2      # ddp-node0, ddp-node1 on ddp-net
+    python docker/nodes/nodes.py down --prefix ddp
+    python docker/nodes/nodes.py inventory --prefix ddp > inv.yml
 
 They run unprivileged (no --privileged): every capability but SYS_RESOURCE, no seccomp or
 AppArmor profile, the host's cgroup tree, and a volume for the inner engine's /var/lib/docker.
@@ -20,9 +20,9 @@ import yaml
 
 from app.orchestrate import engine
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 NODE_IMAGE = "ddp-cluster-node:bookworm"
-BUILD_SCRIPT = REPO / "tests" / "rigs" / "nodes" / "build.sh"
+BUILD_SCRIPT = REPO / "docker" / "nodes" / "build.sh"
 LOCAL_INVENTORY = REPO / "ansible" / "inventory" / "local-nodes.yml"
 NODE_HOST_CONFIG = {
     "cap_add": ["ALL"], "cap_drop": ["SYS_RESOURCE"],
