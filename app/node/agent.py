@@ -132,7 +132,8 @@ def launch(run: Launch, evicting: bool = False) -> dict:
 
 FIRST_ROUND_SHARE = 0.5
 """Of the join timeout: how long the job's first rendezvous round waits for all its nodes once --min-nodes have
-joined (later rounds: the rendering's short last call, so that survivors do not idle)."""
+joined, and a round after a regroup for the node that waits (other rounds: the rendering's short last call, so that
+survivors do not idle)."""
 ROUND_TRIES = 3
 """Rendezvous rounds a node joins in a row whose rank 0 never gives the round's address (``NO_RANK_0``)."""
 NO_RANK_0 = (
@@ -178,20 +179,24 @@ def event_agent(evicting: bool = False) -> type:
         """The failure of the attempt before: (rank, exit status, error) of each rank that failed."""
         _met: bool = False
         """This agent's first rendezvous round is over."""
+        _regrouping: bool = False
+        """This agent stopped its ranks for a node that waits to join: its next round waits for that node as the
+        first round does (``first_round``), not the short last call that a loaded machine's joiner can miss (the
+        round then forms without it, and it waits again: a second regroup)."""
         _round: frozenset = frozenset()
         """The nodes of this agent's rendezvous round (torch's node descriptors), once it is complete."""
 
         def join(self, join_round: Callable[[], None], handler: Any) -> None:
             for tries_left in reversed(range(ROUND_TRIES)):
                 try:
-                    with contextlib.nullcontext() if self._met else first_round(handler):
+                    with contextlib.nullcontext() if self._met and not self._regrouping else first_round(handler):
                         join_round()
                     break
                 except Exception as error:
                     if not tries_left or not torch_elastic.lost_rank_0(error):
                         raise
                     print(NO_RANK_0, flush=True)  # torch's next_rendezvous leaves the round first: the next one
-            self._met, self._round = True, round_nodes(handler)
+            self._met, self._regrouping, self._round = True, False, round_nodes(handler)
 
         def monitored(self, result: Any, again: Callable[[], Any], spec: Any) -> Any:
             if result.state == WorkerState.HEALTHY and torch_elastic.dropped(spec.rdzv_handler):
@@ -223,10 +228,11 @@ def event_agent(evicting: bool = False) -> type:
             if healthy:  # torch's agent saw a node waiting to join: no failure
                 self._regroup()
 
-        @staticmethod
-        def _regroup() -> None:
-            """Say that this agent stops its ranks for a node waiting to join (``events.REGROUP``)."""
+        def _regroup(self) -> None:
+            """Say that this agent stops its ranks for a node waiting to join (``events.REGROUP``); its next round
+            waits for that node."""
             events.write(events.REGROUP, why="a node waits to join")
+            self._regrouping = True
 
         def _no_failure(self, failures: dict, handler: Any) -> bool:
             """The ranks failed because the job's nodes changed, not for a failure to count: an evicted node left
@@ -292,7 +298,9 @@ def leave_round(handler: Any) -> None:
 
 def first_round(handler: Any) -> contextlib.AbstractContextManager:
     """While entered, an elastic c10d rendezvous (fewer --min-nodes than nodes) waits for all its nodes for
-    ``FIRST_ROUND_SHARE`` of its join timeout once --min-nodes have joined, not the rendering's short last call.
+    ``FIRST_ROUND_SHARE`` of its join timeout once --min-nodes have joined, not the rendering's short last call. The
+    agent enters it for the job's first round and for a round after a regroup (a node waits to join: the round
+    completes as soon as it joins, at once when it makes the job whole).
 
     A job starts with every node that comes up: nodes that start a few seconds apart on a loaded machine all
     make the first round, and the job's global batch is that of all its nodes (a job that started on fewer

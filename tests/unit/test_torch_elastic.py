@@ -118,3 +118,28 @@ def test_a_node_out_of_its_rounds_participants_reads_as_dropped() -> None:
     del state.participants[handler._this_node]  # what the others' sanitizing of its heartbeats does
     assert torch_elastic.dropped(handler)
     assert not torch_elastic.dropped(object())  # not c10d's: never
+
+
+def test_a_round_after_a_regroup_waits_for_the_joiner_as_the_first_round_does(monkeypatch) -> None:
+    """The round after this agent stopped its ranks for a waiting node waits for it as long as the job's first round
+    (a loaded machine's joiner missed the 2 s last call: the round formed without it, and the job regrouped again);
+    the round after that one: the short last call again."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    monkeypatch.delenv("DDP_CLUSTER_EVENTS_FILE", raising=False)
+    ones = real_ones()
+    handler, spec = ones["DynamicRendezvousHandler"], ones["LocalElasticAgent"]._worker_group.spec
+    node = agent.event_agent()(spec, DefaultLogsSpecs(), start_method="spawn")
+    timeout = handler._settings.timeout
+    short, long = timeout.last_call, timeout.join * agent.FIRST_ROUND_SHARE
+    calls: list = []
+
+    def round_() -> None:
+        calls.append(timeout.last_call)
+
+    node.join(round_, handler)  # the first round
+    node.join(round_, handler)  # a restart after a failure
+    node.restarting(True)  # torch's agent restarts its ranks for a node that waits to join
+    node.join(round_, handler)
+    node.join(round_, handler)
+    assert calls == [long, short, long, short] and timeout.last_call == short
