@@ -1,7 +1,8 @@
 """The monitor profile (make cluster-up MONITOR=1): a real Prometheus (Debian's, in its own image) scrapes every
 node of a running job on the compose mini-cluster; its HTTP API, on the host's loopback, shows every node's and
 rank's series with the runner's names, a restart counted after a worker container is killed, and the job's
-samples/s as rank 0 prints it. A Prometheus that cannot start is one line and the job goes on.
+samples/s as rank 0 records it at each exchange of step times. A Prometheus that cannot start is one line and
+the job goes on.
 
 Run: ``make test-images && .venv/bin/python -m pytest tests/docker/test_monitor.py`` (about 2 minutes).
 """
@@ -9,7 +10,6 @@ Run: ``make test-images && .venv/bin/python -m pytest tests/docker/test_monitor.
 import json
 import re
 import socket
-import statistics
 import sys
 import time
 import urllib.parse
@@ -66,7 +66,7 @@ def monitored(monitor_image, cpu_image, tmp_path):
     assert project_leftovers(job.project) == []
 
 
-def test_prometheus_sees_every_node_and_rank_a_restart_and_the_samples_per_second_rank_0_prints(monitored):
+def test_prometheus_sees_every_node_and_rank_a_restart_and_the_samples_per_second_rank_0_records(monitored):
     job, image = monitored
     port = free_port()
     hooks = ["--fault-at-step", "25", "--fault-rank", "3", "--sleep-rank", "0", "--sleep-ms", str(PACE_MS)]
@@ -91,15 +91,14 @@ def test_prometheus_sees_every_node_and_rank_a_restart_and_the_samples_per_secon
     [restarts] = query(port, f"max(max_over_time(ddp_job_restarts_total{{{ever}}}[10m]))")
     assert float(restarts["value"][1]) >= 1, restarts
 
-    # rank 0's line of epoch 1 (steps 1-23) against Prometheus's samples/s at that epoch's exchanges (4 to 20)
-    printed = [float(m[1]) for m in re.finditer(r"epoch 1/2 .* (\d+) samples/s", done.stdout)]
-    assert printed, explain(done)
+    # every (step, samples/s) Prometheus scraped is rank 0's record of that step's exchange (metrics.jsonl): the
+    # same figure, not one of this machine's load (an epoch's average against one exchange's flipped under load)
+    exchanged = {(float(r["step"]), float(r["samples_per_s"])) for r in job.metrics() if r["event"] == "ranks"}
     steps = dict(over_time(port, f"ddp_job_step{{{ever}}}", began))
-    rates = [rate for at, rate in over_time(port, f"ddp_job_samples_per_second{{{ever}}}", began)
-             if 0 < steps.get(at, 0) <= 20]  # fmt: skip
-    assert rates, steps
-    seen = statistics.median(rates)
-    assert abs(seen - printed[0]) <= 0.1 * printed[0], (seen, printed, rates)
+    rates = dict(over_time(port, f"ddp_job_samples_per_second{{{ever}}}", began))
+    scraped = {(steps[at], rate) for at, rate in rates.items() if at in steps}
+    assert len({step for step, _ in scraped}) >= 3, (scraped, exchanged)  # several exchanges before the fault
+    assert scraped <= exchanged, (scraped - exchanged, exchanged)
 
 
 def test_a_prometheus_that_cannot_start_is_one_line_and_the_job_goes_on(monitor_image, cluster):
