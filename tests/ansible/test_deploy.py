@@ -48,6 +48,8 @@ NO_DEVICE_VERDICT = "--device-seconds 0"
 """The checks of these tests judge no device (the verify role's too): on this loaded machine equal nodes read up to 2x
 apart (run24: node1's copy speed 2.0x below node0's failed the uneven-nodes job); test_measure.py judges the verdict
 on a node slowed by a set factor, and tests/unit/test_health.py on recorded figures."""
+DEPLOY_BOUND_S = 700
+"""The full deploy's bound: it took 340 s beside two busy loops; pytest's own timeout (900 s) covers the dry run too."""
 SCRAPE_FILE = "runs-not-made-yet/prometheus-scrape.yml"
 """Where the deploy writes the scrape configuration, in a folder that does not exist yet (as runs/ansible in a fresh
 clone: the play makes it)."""
@@ -78,7 +80,15 @@ def deployed(node_cluster: dict, tmp_path_factory: pytest.TempPathFactory) -> di
     assert "would be shipped to" in dry.stdout and dry.total("changed") > 0, "a dry run on bare nodes saw nothing to do"
     command = [sys.executable, "-m", "app", "deploy", "-i", str(node_cluster["inventory"]), "-e", json.dumps(extravars)]
     start = time.monotonic()
-    result = subprocess.run(command, cwd=nodes.REPO, capture_output=True, text=True, timeout=1800, env=ansible_env())
+    try:  # bounded below pytest's timeout, so that a deploy that hangs fails with what it printed
+        result = subprocess.run(command, cwd=nodes.REPO, capture_output=True, text=True, timeout=DEPLOY_BOUND_S,
+                                env=ansible_env())  # fmt: skip
+    except subprocess.TimeoutExpired as hung:
+        out, err = (
+            text.decode(errors="replace") if isinstance(text, bytes) else text or ""
+            for text in (hung.stdout, hung.stderr)
+        )
+        raise AssertionError(f"the deploy still ran after {DEPLOY_BOUND_S} s:\n{out[-4000:]}{err[-2000:]}") from None
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     record_timing("full_deploy_s", time.monotonic() - start)
     return {**node_cluster, "runs": work / "runs", "work": work, "extravars": extravars, "output": result.stdout}

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.rigs import gate_figures
+from tests.rigs.faults.drive import explain
 
 ROOT = Path(__file__).resolve().parents[2]
 # DDP_TEST_IMAGE_NAME: another name, so that several checkouts can test on one engine side by side.
@@ -34,11 +35,6 @@ def make(*args: str, timeout: float = JOB_TIMEOUT) -> subprocess.CompletedProces
     images = [f"IMAGE_NAME={IMAGE_NAME}", f"MONITOR_IMAGE={IMAGE_NAME}-prometheus:bookworm"]
     quick = gate_figures.QUICK_MAKE  # before ARGS: a test's own GATE_SECONDS= comes last and wins
     return run(["make", "--no-print-directory", "BASE=local", *images, *quick, *args], timeout)
-
-
-def explain(proc: subprocess.CompletedProcess) -> str:
-    """The tail of a command's output, for assertion messages."""
-    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
 
 
 def project_leftovers(project: str) -> list[str]:

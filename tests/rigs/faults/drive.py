@@ -15,6 +15,7 @@ judges against (far above any real figure: kept out; far below: passes), ``touch
 
 import functools
 import json
+import re
 import subprocess
 import sys
 import time
@@ -102,7 +103,7 @@ class FaultRun:
                 return json.loads(found.output)
             assert proc.poll() is None, f"the job ended before its fault step:\n{self.finish(proc)}"
             time.sleep(0.5)
-        raise AssertionError(f"no marker {MARKER} within {timeout}s")
+        raise AssertionError(f"no marker {MARKER} within {timeout}s; {self.digest()}\n{self.evidence()}")
 
     def in_head(self, *cmd: str) -> str:
         """Run ``cmd`` in the head container (as its user); its output; an error unless it exits 0."""
@@ -129,7 +130,7 @@ class FaultRun:
                 return found[0]
             assert proc.poll() is None, f"the job ended before {what}:\n{explain(self.finish(proc))}"
             time.sleep(0.5)
-        raise AssertionError(f"no event within {timeout:g} s: {what}")
+        raise AssertionError(f"no event within {timeout:g} s: {what}; {self.digest()}\n{self.evidence()}")
 
     def finish(self, proc: subprocess.Popen, timeout: float = 600) -> subprocess.CompletedProcess:
         """The job's exit status and output; a job still running after ``timeout`` is killed and the test fails
@@ -137,12 +138,21 @@ class FaultRun:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            seen = self.evidence()
+            digest, seen = self.digest(), self.evidence()
             proc.kill()
             out, err = proc.communicate()
             hung = explain(subprocess.CompletedProcess(proc.args, None, out, err))
-            raise AssertionError(f"the job still ran after {timeout:g} s:\n{hung}\n{seen}") from None
+            raise AssertionError(f"the job still ran after {timeout:g} s; {digest}\n{hung}\n{seen}") from None
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    def digest(self) -> str:
+        """One line for pytest's short summary (all that a CI log's tail may keep): the job's last event and each of
+        its containers' state."""
+        last = self.events()[-1:]
+        mine = {"label": f"com.docker.compose.project={self.project}"}
+        states = ", ".join(f"{c.name.removeprefix(self.project + '-')} {c.status}"
+                           for c in self.engine.containers.list(all=True, filters=mine))  # fmt: skip
+        return f"last event {json.dumps(last[0])[:300] if last else None}; containers: {states or 'none'}"
 
     def evidence(self) -> str:
         """The job's last events and each of its containers' last log lines, for a failure's message."""
@@ -169,4 +179,12 @@ class FaultRun:
 
 
 def explain(done: subprocess.CompletedProcess) -> str:
-    return f"exit {done.returncode}\n--- stdout\n{done.stdout[-5000:]}\n--- stderr\n{done.stderr[-3000:]}"
+    """The tail of a command's output, for assertion messages; for a cluster's run, its nodes' last lines too (the
+    command streams rank 0's node alone; every node's lines are in logs/cluster.log, under the node's name)."""
+    said = f"exit {done.returncode}\n--- stdout\n{done.stdout[-5000:]}\n--- stderr\n{done.stderr[-3000:]}"
+    named = re.search(r"^cluster: ([\w.-]+): ", done.stdout or "", re.MULTILINE)  # the runner's first line
+    log = ROOT / "logs" / "cluster.log"
+    if not named or not log.exists():
+        return said
+    mine = [line for line in log.read_text(errors="replace").splitlines() if line.startswith(f"{named[1]}-")]
+    return f"{said}\n--- the nodes' last lines (logs/cluster.log)\n" + "\n".join(mine[-40:])
