@@ -122,3 +122,24 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         first, last = spans[suite]
         line = f"{suite:<12} {counts[suite]:>5} tests  {spent[suite]:>7.0f} s of test time"
         terminalreporter.write_line(f"{line}  {last - first:>6.0f} s from first to last")
+    _last_modules(terminalreporter)
+
+
+def _last_modules(terminalreporter, shown: int = 12) -> None:
+    """The modules that ended last, each with its worker and its span from the run's first test (the end of
+    pytest's time: what a reordering of tests/conftest.py's mixed_modules could move)."""
+    spans: dict[str, list] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            nodeid, start, stop = getattr(report, "nodeid", ""), getattr(report, "start", 0), getattr(report, "stop", 0)
+            if not nodeid.startswith("tests/") or not start:
+                continue
+            worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "-")
+            first, last, _ = spans.get(nodeid.split("::")[0], (start, stop, worker))
+            spans[nodeid.split("::")[0]] = [min(first, start), max(last, stop), worker]
+    if not spans:
+        return
+    zero = min(first for first, _, _ in spans.values())
+    terminalreporter.section("the modules that ended last (s from the first test)")
+    for module, (first, last, worker) in sorted(spans.items(), key=lambda kv: kv[1][1])[-shown:]:
+        terminalreporter.write_line(f"{worker:<4} {first - zero:>6.0f} {last - zero:>6.0f}  {module}")
