@@ -18,7 +18,7 @@ What follows ``--`` is torchrun's command line, read by torchrun's parser: the i
   4  with --evict-factor (an elastic job): a node its ranks find a straggler leaves the job at a step the others
      keep (app/evict.py), goes back to 2 and joins the job's next round once its gate passes
 
-    python -m app node --evict-factor 3 --retry-every 10 -- --nnodes 2:3 --rdzv-backend c10d ... -m app train
+    python -m app node --evict-factor 2 --retry-every 10 -- --nnodes 2:3 --rdzv-backend c10d ... -m app train
 
 A restarted node thus pays one torch import, not one per process: with torchrun and a separate gate,
 the gate, the agent and every rank each imported torch, and every rank torch._dynamo too.
@@ -73,13 +73,15 @@ class NodeConfig:
     metrics_port: int = contract.METRICS_PORT
     """The port of --serve-metrics, on the node's --local-addr (else every address of the node)."""
     evict_factor: float = 0.0
-    """Evict this node from the running job when its every rank is busy this many times the other nodes' median
-    rank per step at --evict-after of the last 2 x --evict-after - 1 exchanges of step times
-    (app/evict.py): it leaves at a step the others keep, its gate judges it again every --retry-every
-    seconds and it joins the next round once it passes. Needs --nnodes MIN:MAX (c10d). 0: never (the default: on
-    the compose cluster its runner evicts; the renderings for Slurm and Kubernetes pass the spec's policy)."""
+    """Evict this node from the running job when its ranks are busy per step this many times what the other nodes' would
+    be without it (their median rank's x their share of its work), the median of the last 2 x --evict-after - 1
+    exchanges of step times (app/evict.py): it leaves at a step the others keep, its gate judges it again every
+    --retry-every seconds and it joins the next round once it passes. Needs --nnodes MIN:MAX (c10d). 0: never (the
+    default: on the compose cluster its runner evicts; the renderings for Slurm and Kubernetes pass the spec's
+    policy)."""
     evict_after: int = evict.AFTER
-    """Exchanges at which this node must be that slow, of the last 2 x this - 1, before it leaves."""
+    """Exchanges at which this node must be that slow, of the last 2 x this - 1 (so that their median is), before
+    it leaves."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

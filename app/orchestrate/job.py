@@ -249,8 +249,7 @@ class Run:
                     return
                 self.evicting[name] = wait
             self.say(found.line(wait))
-            fields = {"factor": round(found.factor, 2), "exchanges": found.exchanges, "window_s": found.window_s}
-            events.write(events.EVICTED, events_file=compose.events_file(self.folder), evicted=name, **fields,
+            events.write(events.EVICTED, events_file=compose.events_file(self.folder), evicted=name, **found.fields(),
                          backoff_s=wait)  # fmt: skip
             with self.lock:
                 self.to_stop.append(name)  # the supervisor stops its container (``supervise.read_events``)

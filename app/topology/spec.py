@@ -135,13 +135,13 @@ class Nodes:
     )
     """The nodes by name and slots, in node rank order (Ansible, hostfiles); empty: each engine names them."""
     evict_factor: float = field(default=evict.FACTOR, metadata=used_by("compose", "slurm", "kubernetes"))
-    """A straggler's eviction: a node whose every rank is busy this many times the other nodes' median rank per
-    step, at --evict-after of the last 2 x --evict-after - 1 exchanges of step times, leaves the running job (while
-    it has more than --min-nodes nodes), which goes on at the same global batch; its gate takes it back once it
-    passes. 0: never."""
+    """A straggler's eviction: a node whose ranks are busy per step this many times what the other nodes' would be
+    without it (their median rank's, grown by their share of its work: 1.5 of 3 nodes), the median of the last
+    2 x --evict-after - 1 exchanges of step times, leaves the running job (while it has more than --min-nodes
+    nodes), which goes on at the same global batch; its gate takes it back once it passes. 0: never."""
     evict_after: int = field(default=evict.AFTER, metadata=used_by("compose", "slurm", "kubernetes"))
     """Exchanges of step times (every --exchange-every steps of app train) at which a node must be that slow, of
-    the last 2 x this - 1, before its eviction."""
+    the last 2 x this - 1 (so that their median is), before its eviction."""
     gate_seconds: float = field(default=contract.GATE_SECONDS, metadata=used_by(*NODE_AGENTS))
     """Seconds each node's health gate measures each of its devices, at the node's first start and at every
     return (app gate --device-seconds): longer reads steadier, shorter lets a node in sooner."""

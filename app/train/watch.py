@@ -285,8 +285,7 @@ class Watch:
         if found is None:
             return
         if self.rank == 0:
-            fields = {"factor": round(found.factor, 2), "exchanges": found.exchanges, "window_s": found.window_s}
-            events.write(events.EVICTED, self.rank, evicted=found.node, step=record["step"], **fields)
+            events.write(events.EVICTED, self.rank, evicted=found.node, step=record["step"], **found.fields())
         if found.node == self.ctx.proc.host:
             raise Leave(found)
         self.left = found

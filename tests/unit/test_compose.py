@@ -67,7 +67,7 @@ def test_the_specs_gate_seconds_and_fraction_reach_every_engines_node_agent() ->
     gate = ["--device-seconds=0.2", "--fail-below=0.25", f"--retry-every={contract.GATE_RETRY_S}"]
     assert compose.node_files(quick)[contract.NODE_ARGS] == " ".join(gate) + "\n"  # the gate's flags alone
     assert render.node_args(quick)[:3] == gate  # every other engine's agents, then the policy
-    assert "--evict-factor=3" in render.node_args(quick)
+    assert "--evict-factor=2" in render.node_args(quick)
     assert render.node_args(build({"nodes": {"gate_seconds": 0.2, "gate_fail_below": 0.25}})) == gate  # not elastic
     assert render.gate_args(build({})) == []
 

@@ -284,13 +284,13 @@ def test_min_nodes_reaches_torchrun_and_the_pytorchjob() -> None:
 def test_an_elastic_job_gives_the_node_agents_the_straggler_policy_a_fixed_one_none() -> None:
     elastic = build({"nodes": {"nodes": 3, "min_nodes": 2}, "job": {"command": "train --accum-steps 2"}})
     retry = f"--retry-every={contract.GATE_RETRY_S}"
-    assert kube.config_map(elastic)["data"][contract.NODE_ARGS] == f"{retry} --evict-factor=3 --evict-after=3\n"
+    assert kube.config_map(elastic)["data"][contract.NODE_ARGS] == f"{retry} --evict-factor=2 --evict-after=4\n"
     command = kube.pytorch_job(elastic)["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     assert command["command"][:9] == ["python", "-m", "app", "node", "--serve-metrics", "--retry-every=10",
-                                      "--evict-factor=3", "--evict-after=3", "--"]  # fmt: skip
+                                      "--evict-factor=2", "--evict-after=4", "--"]  # fmt: skip
     fixed = build({"nodes": {"nodes": 3}})
     assert kube.config_map(fixed)["data"][contract.NODE_ARGS] == f"{retry}\n"  # the gate's alone
-    assert "--evict-factor=3" not in json.dumps(kube.pytorch_job(fixed))
+    assert "--evict-factor=2" not in json.dumps(kube.pytorch_job(fixed))
 
 
 def test_the_pods_run_as_the_images_user() -> None:

@@ -13,7 +13,7 @@ import types
 
 import pytest
 
-from app import events, job_state
+from app import events, evict, job_state
 from app.errors import UsageError
 from app.orchestrate import engine, job, runner, streams, supervise
 from app.orchestrate.job import describe_status
@@ -650,7 +650,8 @@ def test_each_gate_verdict_of_the_streamed_head_is_one_line_the_runners_naming_t
 
 
 def test_the_state_evicts_a_paced_straggler_once_and_leaves_stopping_its_container_to_the_supervisor(tmp_path, capsys):
-    """An elastic job's exchanges (3 nodes x 1 rank, worker-2 busy 5x the others at every exchange): the state says
+    """An elastic job's exchanges (3 nodes x 1 rank, worker-2 busy 5x the others at every exchange: 3.3x their
+    share of its work without it): the state says
     the eviction and writes it to the events, asking nothing of the engine; ``take_evicted`` hands its container
     to the supervisor once."""
     spec = build({"job": {"name": "demo", "command": "train --accum-steps 2"}, "nodes": {"nodes": 3, "min_nodes": 2,
@@ -658,11 +659,11 @@ def test_the_state_evicts_a_paced_straggler_once_and_leaves_stopping_its_contain
     state = job.Run(spec, tmp_path, tmp_path / "demo.log")
     compose.events_file(state.folder).parent.mkdir(parents=True)  # rendered with the cluster's files
     hosts = ["demo-head-1", "demo-worker-1", "demo-worker-2"]
-    for at in range(3):
+    for at in range(evict.AFTER):  # the default policy: the median of the window at the factor or more
         state.on_event({"time": float(at), "node": hosts[0], "rank": 0, "kind": events.EXCHANGE, "hosts": hosts,
                         "busy_ms": [10.0, 10.0, 50.0], "world_size": 3, "global_batch": 96, "accum_steps": 2})  # fmt: skip
     said = capsys.readouterr().out.splitlines()
-    assert len(said) == 1 and said[0].startswith("cluster: node demo-worker-2 evicted: busy 5.0x"), said
+    assert len(said) == 1 and said[0].startswith("cluster: node demo-worker-2 evicted: busy 3.3x the others'"), said
     written = [r for r in events.read(compose.events_file(state.folder))[0] if r["kind"] == events.EVICTED]
     assert [r["evicted"] for r in written] == ["demo-worker-2"] and state.evicting == {"demo-worker-2": 0.0}
     assert state.take_evicted() == ["demo-worker-2"] and state.take_evicted() == []
