@@ -7,17 +7,16 @@
 A node is evicted when the job would run faster without it by a margin. At each exchange its ranks' busy time per
 step (computing and loading, not waiting for the others: its fastest rank's) is set against what the ranks of the
 other nodes would be busy without it: their median rank's, grown by their share of its work (N/(N-1) with N equal
-nodes: 1.5 of 3 nodes). The step is set by the slowest node, so that ratio is what its leaving would shorten the
+nodes: 1.5 of 3 nodes). The step is set by the slowest node, so that ratio is about what its leaving would shorten the
 step by. The node is evicted when the median of that ratio over the last 2 x ``--evict-after`` - 1 exchanges is
 ``--evict-factor`` or more (``--evict-after`` of them at least that high): a median over several exchanges, so that
 a loaded machine's spike is no verdict, and a CPU throttle, which shows in busy time at most exchanges, not at all
 (at the others its quota runs out inside the all-reduce, where every rank waits alike), still is. The runner then
-stops its container (``runner``): the others lose it at a
-step, keep that step in their snapshot and go on at the same global batch (app/train/resize.py), while its gate
-measures it again every few seconds and lets it back in once it passes. Nothing is evicted while the job has
-``--min-nodes`` nodes or fewer, nor when the global batch would not divide among the ranks left (the resize would
-refuse it); a node evicted again soon after its return waits longer each time before its gate judges it
-(``backoff``), so a node that flaps cannot hold the job in rendezvous rounds.
+stops its container (``runner``): the others lose it at a step, keep that step in their snapshot and go on at the
+same global batch (app/train/resize.py), while its gate measures it again every few seconds and lets it back in once
+it passes. Nothing is evicted while the job has ``--min-nodes`` nodes or fewer, nor when the global batch would not
+divide among the ranks left (the resize would refuse it); a node evicted again soon after its return waits longer
+each time before its gate judges it (``backoff``), so a node that flaps cannot hold the job in rendezvous rounds.
 
 Where no runner watches the job (torchrun alone, Slurm, Kubernetes), each node's agent evicts its own node
 (app/node/command.py, ``--evict-factor``, which the renderings pass where the job is elastic): every rank gets the
@@ -36,9 +35,10 @@ from app.batch import keeps
 from app.errors import UsageError
 
 FACTOR = 2.0
-"""The policy's default factor (the spec's --evict-factor): the job's step would be half as long without the node.
-Replayed over the recordings of tests/unit/golden/evict (3 nodes x 1 rank, quiet and beside make test), no healthy
-node's median of 7 reads above 1.8; a worker held at a tenth of a CPU reads 2.2-3.7 when it is evicted."""
+"""The policy's default factor (the spec's --evict-factor): busy-wise, the job's step would be about half as long
+without the node. Replayed over the recordings of tests/unit/golden/evict (3 nodes x 1 rank, quiet and beside make
+test), no healthy node's median of 7 reads 1.8 or more (1.77 at most); a worker held at a tenth of a CPU reads
+2.2-3.7 when it is evicted."""
 AFTER = 4
 """The policy's default --evict-after: the median of the last 7 (2 x 4 - 1) exchanges."""
 LEFT = 4
