@@ -107,9 +107,14 @@ class Diagnosis:
 
 
 def check_world(diag: Diagnosis, proc: ProcessInfo) -> None:
-    """A world of one: the environment names several nodes, the launcher started a job on one."""
+    """A world of one: the environment names several nodes, the launcher started a job on one. Not a round of an
+    elastic job: its rendezvous went on with the nodes it had (the others died, or were dropped)."""
     shape = f"{proc.world_size} rank(s) on {'several nodes' if proc.spans_nodes else '1 node'} ({proc.launcher.value})"
-    if proc.named_nodes > 1 and not proc.spans_nodes:
+    lone = proc.named_nodes > 1 and not proc.spans_nodes
+    if lone and proc.node_range and proc.elastic:
+        least, most = proc.node_range
+        diag.add("world", OK, f"{shape}: a round of an elastic job of {least} to {most} nodes ({proc.named_nodes_by})")
+    elif lone:
         size = proc.launcher.variables.size
         started = f"{size}={proc.world_size}" if size else "no launcher"
         diag.fail(

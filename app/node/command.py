@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         launcher.export_survivors_store(store)
     if policy := eviction(node, parsed):
         launcher.export_eviction(policy)
+    launcher.export_node_range(*torch_elastic.nnodes_range(parsed.nnodes))  # a round of fewer: no world of one
     launch = agent.prepare(parsed, rank_main, server)  # (torch here read its threads already)
     host, port, serves = gate.rendezvous_of(parsed)
     where = (host, port, serves) if port else None  # port 0 (--standalone): nothing to reach

@@ -42,6 +42,11 @@ EVICTION = "DDP_CLUSTER_EVICTION"
 """``FACTOR:AFTER:MIN_NODES``: the straggler policy of app node's --evict-factor, which its ranks apply to their own
 node at each exchange of step times (app/evict.py); unset: they evict nothing."""
 
+NODE_RANGE = "DDP_CLUSTER_NODE_RANGE"
+"""``MIN:MAX``: torchrun's --nnodes as app node gave it to its agent, for its ranks. A round of an elastic job (MIN
+below MAX) may hold fewer nodes than the engine names (Slurm's SLURM_STEP_NUM_NODES still counts a node that died),
+one node alone too: no world of one. Unset: the ranks know no range."""
+
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
 """The threads of a process's CPU operators (torchrun sets 1 for each rank of a node of several)."""
 

@@ -97,6 +97,9 @@ class ProcessInfo:
     eviction: evict.Policy | None = field(default=None, compare=False)
     """The straggler policy that app node gave its ranks (DDP_CLUSTER_EVICTION): they evict their own node; None:
     nothing is evicted from here (the compose cluster's runner does it)."""
+    node_range: tuple[int, int] | None = field(default=None, compare=False)
+    """(MIN, MAX): the nodes of the job as app node's torchrun was given them (--nnodes, DDP_CLUSTER_NODE_RANGE); None
+    when the launcher names none."""
 
     def __post_init__(self) -> None:
         names = self.launcher.variables
@@ -140,6 +143,11 @@ class ProcessInfo:
     def spans_nodes(self) -> bool:
         """True when other nodes hold some of this job's ranks (exact, also with uneven nodes)."""
         return self.local_world_size < self.world_size
+
+    @property
+    def elastic(self) -> bool:
+        """The job may go on with fewer nodes than it started with (app node's --nnodes MIN:MAX, MIN below MAX)."""
+        return self.node_range is not None and self.node_range[0] < self.node_range[1]
 
 
 @dataclass(frozen=True)
@@ -219,6 +227,7 @@ def _from_torchrun(env: Mapping[str, str]) -> dict:
         "agent_store": env.get(envvars.TORCHELASTIC_USE_AGENT_STORE) == "True",
         "survivors_store": _survivors_store(env),
         "eviction": _eviction(env),
+        "node_range": _node_range(env),
     }
 
 
@@ -245,6 +254,20 @@ def _eviction(env: Mapping[str, str]) -> evict.Policy | None:
             f"{envvars.EVICTION}={value!r} must be FACTOR:AFTER:MIN_NODES (app node sets it from --evict-factor): "
             "unset it"
         ) from None
+
+
+def _node_range(env: Mapping[str, str]) -> tuple[int, int] | None:
+    """DDP_CLUSTER_NODE_RANGE as (MIN, MAX); None when unset."""
+    value = env.get(envvars.NODE_RANGE, "").strip()
+    if not value:
+        return None
+    least, _, most = value.partition(":")
+    if not (least.isdigit() and most.isdigit() and 1 <= int(least) <= int(most)):
+        raise UsageError(
+            f"{envvars.NODE_RANGE}={value!r} must be MIN:MAX with 1 <= MIN <= MAX (app node sets it from --nnodes): "
+            "unset it"
+        )
+    return int(least), int(most)
 
 
 def _from_mpi(env: Mapping[str, str], v: RankVariables, launcher: Launcher) -> dict:
@@ -422,6 +445,11 @@ def export_store_per_round() -> None:
 def export_eviction(policy: evict.Policy) -> None:
     """Tell the ranks this process starts to evict their own node by ``policy`` (``ProcessInfo.eviction``)."""
     os.environ[envvars.EVICTION] = policy.text()
+
+
+def export_node_range(least: int, most: int) -> None:
+    """Tell the ranks this process starts how many nodes their job may have (``ProcessInfo.node_range``)."""
+    os.environ[envvars.NODE_RANGE] = f"{least}:{most}"
 
 
 def export_socket_ifname(ifname: str) -> None:

@@ -242,6 +242,23 @@ def test_an_elastic_job_starts_with_a_node_that_comes_seconds_after_the_first(tm
     assert sorted((r["rank"], r["world"]) for r in ranks) == [(0, 2), (1, 2)], said
 
 
+@pytest.mark.parametrize(("nnodes", "world"), [("1:3", "ok"), ("1", "failed")])
+def test_a_node_alone_in_an_elastic_round_under_slurm_is_no_world_of_one(tmp_path: Path, nnodes: str, world: str):
+    """Slurm's step names 3 nodes; two died and the survivor's agent (--nnodes 1:3) formed a round of its node alone,
+    as an elastic rendezvous may: its rank trains on (issue 36, where the doctor failed it at every restart and the
+    job ended). The control: an agent of a job of one node (--nnodes 1) in that allocation is a world of one."""
+    report = tmp_path / "doctor.json"
+    words = ["--standalone", f"--nnodes={nnodes}", "--nproc-per-node=1"]
+    words.append("--rdzv-conf=join_timeout=4,last_call_timeout=1")  # the first round waits 2 s for more nodes
+    slurm = _clean_env({"SLURM_STEP_NUM_NODES": "3", "SLURM_JOB_NUM_NODES": "1"})
+    done = run_node(tmp_path, [*words, "-m", "app", "doctor", "--json", str(report)], env=slurm)
+    assert done.returncode == (0 if world == "ok" else 1), done.stderr[-3000:]
+    [found] = [c for c in json.loads(report.read_text())["checks"] if c["check"] == "world"]
+    assert found["status"] == world, found
+    if world == "ok":
+        assert "a round of an elastic job of 1 to 3 nodes (SLURM_STEP_NUM_NODES=3)" in found["detail"], found
+
+
 def rendezvous_state(port: int, run_id: str) -> Any:
     """The c10d rendezvous state of ``run_id`` as every node's agent reads it from the store at ``port`` (torch's
     C10dRendezvousBackend: the pickled state, base64); None before the first node wrote it."""

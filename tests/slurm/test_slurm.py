@@ -1,11 +1,13 @@
 """Real Slurm: jobs submitted with sbatch on the mini-cluster (slurmctld, 2 slurmd containers,
-munge), run by srun across both nodes in either batch style, reported by `make slurm-job`.
+munge), run by srun across both nodes in either batch style, reported by `make slurm-job`; and an
+elastic job on a mini-cluster of 3 nodes, one of them killed.
 
     make slurm-image && pytest -m slurm tests/slurm        # about 4 minutes on 2 busy cores
 """
 
 import json
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 import torch
 
 from app import contract
-from tests.slurm.conftest import ROOT, SlurmCluster, docker, explain, make
+from tests.slurm.conftest import JOB_TIMEOUT, ROOT, SlurmCluster, docker, explain, make
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -117,6 +119,93 @@ def _scrape(cluster: SlurmCluster, node: int, by: int) -> str:
 
 def _processes(cluster: SlurmCluster, node: int) -> str:
     return docker("exec", f"{cluster.project}-node-{node}", "ps", "-eo", "args").stdout
+
+
+HOLD_STEP = 10
+"""Where every rank of the killed-node job waits (fault_job.py's hold, at a step boundary, until the test creates
+/results/elastic/go): no exchange of step times (every 20 steps) and no epoch's end (8 steps each) at step 10, so the
+ranks hold in no collective, and the survivors learn of the dead node when the test lets them go on."""
+ELASTIC_JOB = [
+    "LAUNCHER=torchrun",
+    f"SCRIPT={ROOT / 'tests' / 'rigs' / 'faults' / 'fault_job.py'}",
+    f"ARGS=--hold-at-step {HOLD_STEP} --hold-until /results/elastic/go -- --dataset digits --epochs 3 "
+    "--accum-steps 2 --batch-size 32 --out /results/elastic --resume auto",
+]
+"""3 ranks x 32 x accum 2: global batch 192, which 2 ranks keep (32 x accum 3); 24 steps."""
+
+
+def test_an_elastic_job_trains_on_through_a_node_that_died_and_completes(three_nodes: SlurmCluster, tmp_path) -> None:
+    """3 nodes x 1 rank, --min-nodes 2: node 3 killed while the ranks hold step 10. Slurm marks it DOWN and takes it
+    out of the job (srun: Node failure); the step lives on (srun --no-kill: without it Slurm kills the step on every
+    node then), the survivors regroup and resume from step 10 at the same global batch, and the job completes."""
+    spec = tmp_path / "elastic.toml"
+    spec.write_text("[nodes]\nmin_nodes = 2\n")
+    shape = ["NODES=3", "NPROC_PER_NODE=1", f"SPEC={spec}"]
+    job, dead = Streamed(three_nodes.make_command("slurm-job", *shape, *ELASTIC_JOB)), three_nodes.node(3)
+    try:
+        job.wait_for(f"rank 0 at step {HOLD_STEP}", lambda: _progress(three_nodes, "elastic") == HOLD_STEP)
+        assert docker("kill", dead).returncode == 0
+        job.wait_for(f"Slurm's node failure of {dead}", lambda: f"srun: error: Node failure on {dead}" in job.text)
+        assert three_nodes.controller("touch", "/results/elastic/go").returncode == 0
+        done = job.finish(JOB_TIMEOUT)
+    finally:
+        job.stop()
+    out = done.stdout
+    assert done.returncode == 0 and "COMPLETED, exit status 0" in out and "Force Terminated" not in out, out[-6000:]
+    resize = f"train: resize: 3 -> 2 ranks at step {HOLD_STEP} "
+    assert resize in out and "global batch 192 kept as per-rank batch 32 x 2 ranks x accum 3" in out, out[-6000:]
+    resumed = f"train: resumed from step {HOLD_STEP} (checkpoint /results/elastic/checkpoints/emergency.pt), no steps"
+    assert f"{resumed} lost" in out, out[-6000:]
+    blamed = [line.split(": ", 2)[2].split(" stopped answering")[0] for line in out.splitlines()
+              if line.startswith("error: rank") and " stopped answering" in line]  # fmt: skip
+    assert blamed and all(dead in who and three_nodes.node(1) not in who and three_nodes.node(2) not in who
+                          for who in blamed), blamed  # fmt: skip  # the living are named by no one
+    summary = json.loads((three_nodes.results / "elastic" / "summary.json").read_text())
+    assert (summary["world_size"], summary["nodes"], summary["global_batch"], summary["step"]) == (2, 2, 192, 24)
+    assert summary["params_identical"], summary
+
+
+def _progress(cluster: SlurmCluster, out: str) -> int | None:
+    """The step that rank 0 of the job writing /results/OUT last reached (its OUT/progress); None before its first."""
+    text = cluster.controller("cat", f"/results/{out}/progress").stdout.strip()
+    return int(text) if text.isdigit() else None
+
+
+class Streamed:
+    """A command whose output a test reads while it runs (a thread gathers the lines) and waits on."""
+
+    def __init__(self, cmd: list[str]) -> None:
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, what: str, ready, timeout: float = JOB_TIMEOUT) -> None:
+        """Poll ``ready`` until it holds; fails at once when the command ended first."""
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert self.proc.poll() is None, f"the job ended before {what}:\n{self.text[-6000:]}"
+            assert time.monotonic() < deadline, f"no {what} within {timeout:g} s:\n{self.text[-6000:]}"
+            time.sleep(0.5)
+
+    def finish(self, timeout: float) -> subprocess.CompletedProcess:
+        """Its exit status and every line, once it ended."""
+        self.proc.wait(timeout)
+        self._reader.join(60)
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, self.text, "")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def test_the_munge_key_is_made_at_start_never_in_the_image(slurm_cluster: SlurmCluster) -> None:

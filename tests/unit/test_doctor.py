@@ -98,6 +98,21 @@ def test_a_job_that_spans_the_named_nodes_is_not_a_world_of_one() -> None:
     assert not _world_failed({})
 
 
+def test_a_round_of_an_elastic_job_on_fewer_nodes_than_slurm_names_is_not_a_world_of_one() -> None:
+    # Slurm's step still names 3 nodes after two died; the survivor's agent (app node, --nnodes 1:3) formed a round of
+    # its node alone, as its rendezvous may (issue 36: the doctor failed the survivor's rank 0 at every restart)
+    lone = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "7"}
+    lone |= {"SLURM_STEP_NUM_NODES": "3", "SLURM_JOB_NUM_NODES": "1"}
+    assert _world_failed(lone)  # no range known: the world of one it looks like
+    assert _world_failed(lone | {"DDP_CLUSTER_NODE_RANGE": "3:3"})  # a job of a fixed size: still one
+    for elastic in ("1:3", "2:3"):  # 2:3: a round that torch's rendezvous shrank below its least (a node dropped)
+        diag = doctor.Diagnosis(0, "h")
+        doctor.check_world(diag, detect(lone | {"DDP_CLUSTER_NODE_RANGE": elastic, "MASTER_ADDR": "a"}))
+        detail = _detail(diag, "world")
+        assert _status(diag)["world"] == "ok", detail
+        assert "a round of an elastic job of" in detail and "(SLURM_STEP_NUM_NODES=3)" in detail, detail
+
+
 def _world_failed(env: dict) -> bool:
     diag = doctor.Diagnosis(0, "h")
     doctor.check_world(diag, detect(env | {"MASTER_ADDR": "a"}))

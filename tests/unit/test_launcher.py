@@ -39,6 +39,17 @@ def test_app_nodes_eviction_policy_reaches_its_ranks_and_a_bad_one_is_one_line()
             detect(env | {"DDP_CLUSTER_EVICTION": bad})
 
 
+def test_app_nodes_range_of_nodes_reaches_its_ranks_and_a_bad_one_is_one_line() -> None:
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "node0", "TORCHELASTIC_RUN_ID": "x"}
+    assert detect(env).node_range is None and not detect(env).elastic
+    assert detect(env | {"DDP_CLUSTER_NODE_RANGE": "2:3"}).node_range == (2, 3)
+    assert detect(env | {"DDP_CLUSTER_NODE_RANGE": "2:3"}).elastic
+    assert not detect(env | {"DDP_CLUSTER_NODE_RANGE": "3:3"}).elastic
+    for bad in ("3", "0:2", "3:2", "x:y"):
+        with pytest.raises(UsageError, match=f"DDP_CLUSTER_NODE_RANGE='{bad}' must be MIN:MAX"):
+            detect(env | {"DDP_CLUSTER_NODE_RANGE": bad})
+
+
 def test_hand_written_rank_environment_means_one_node() -> None:
     info = detect({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"})
     assert (info.local_rank, info.local_world_size, info.node_rank, info.master_port) == (1, 2, 0, 29500)
