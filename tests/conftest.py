@@ -105,16 +105,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     spent: dict[str, float] = defaultdict(float)
     spans: dict[str, list[float]] = {}
     counts: dict[str, int] = defaultdict(int)
-    for reports in terminalreporter.stats.values():
-        for report in reports:
-            nodeid, start, stop = getattr(report, "nodeid", ""), getattr(report, "start", 0), getattr(report, "stop", 0)
-            if not nodeid.startswith("tests/") or not start:
-                continue
-            suite = nodeid.split("/")[1]
-            spent[suite] += stop - start
-            counts[suite] += getattr(report, "when", "") == "call"
-            first, last = spans.get(suite, (start, stop))
-            spans[suite] = [min(first, start), max(last, stop)]
+    for report, nodeid, start, stop in _timed(terminalreporter):
+        suite = nodeid.split("/")[1]
+        spent[suite] += stop - start
+        counts[suite] += getattr(report, "when", "") == "call"
+        first, last = spans.get(suite, (start, stop))
+        spans[suite] = [min(first, start), max(last, stop)]
     if not spent:
         return
     terminalreporter.section("time of each suite")
@@ -125,18 +121,23 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     _last_modules(terminalreporter)
 
 
+def _timed(terminalreporter) -> Iterator[tuple]:
+    """(report, nodeid, start, stop) of each timed report of a test under tests/."""
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            nodeid, start, stop = getattr(report, "nodeid", ""), getattr(report, "start", 0), getattr(report, "stop", 0)
+            if nodeid.startswith("tests/") and start:
+                yield report, nodeid, start, stop
+
+
 def _last_modules(terminalreporter, shown: int = 12) -> None:
     """The modules that ended last, each with its worker and its span from the run's first test (the end of
     pytest's time: what a reordering of tests/conftest.py's mixed_modules could move)."""
     spans: dict[str, list] = {}
-    for reports in terminalreporter.stats.values():
-        for report in reports:
-            nodeid, start, stop = getattr(report, "nodeid", ""), getattr(report, "start", 0), getattr(report, "stop", 0)
-            if not nodeid.startswith("tests/") or not start:
-                continue
-            worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "-")
-            first, last, _ = spans.get(nodeid.split("::")[0], (start, stop, worker))
-            spans[nodeid.split("::")[0]] = [min(first, start), max(last, stop), worker]
+    for report, nodeid, start, stop in _timed(terminalreporter):
+        worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "-")
+        first, last, _ = spans.get(nodeid.split("::")[0], (start, stop, worker))
+        spans[nodeid.split("::")[0]] = [min(first, start), max(last, stop), worker]
     if not spans:
         return
     zero = min(first for first, _, _ in spans.values())

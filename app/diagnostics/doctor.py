@@ -111,7 +111,7 @@ def check_world(diag: Diagnosis, proc: ProcessInfo) -> None:
     elastic job: its rendezvous went on with the nodes it had (the others died, or were dropped)."""
     shape = f"{proc.world_size} rank(s) on {'several nodes' if proc.spans_nodes else '1 node'} ({proc.launcher.value})"
     lone = proc.named_nodes > 1 and not proc.spans_nodes
-    if lone and proc.node_range and proc.elastic:
+    if lone and proc.elastic:
         least, most = proc.node_range
         diag.add("world", OK, f"{shape}: a round of an elastic job of {least} to {most} nodes ({proc.named_nodes_by})")
     elif lone:

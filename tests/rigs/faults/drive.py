@@ -149,16 +149,17 @@ class FaultRun:
         """One line for pytest's short summary (all that a CI log's tail may keep): the job's last event and each of
         its containers' state."""
         last = self.events()[-1:]
-        mine = {"label": f"com.docker.compose.project={self.project}"}
-        states = ", ".join(f"{c.name.removeprefix(self.project + '-')} {c.status}"
-                           for c in self.engine.containers.list(all=True, filters=mine))  # fmt: skip
+        states = ", ".join(f"{c.name.removeprefix(self.project + '-')} {c.status}" for c in self._containers())
         return f"last event {json.dumps(last[0])[:300] if last else None}; containers: {states or 'none'}"
+
+    def _containers(self) -> list:
+        """The project's containers, running or not (Engine API objects)."""
+        return self.engine.containers.list(all=True, filters={"label": f"com.docker.compose.project={self.project}"})
 
     def evidence(self) -> str:
         """The job's last events and each of its containers' last log lines, for a failure's message."""
         told = ["--- last events", *(json.dumps(record) for record in self.events()[-30:])]
-        mine = {"label": f"com.docker.compose.project={self.project}"}
-        for found in self.engine.containers.list(all=True, filters=mine):
+        for found in self._containers():
             told += [f"--- {found.name} ({found.status})", found.logs(tail=40).decode(errors="replace")]
         return "\n".join(told)
 
