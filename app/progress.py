@@ -68,7 +68,12 @@ class Resumed:
     checkpoint: str | None
     """The checkpoint it continues from (None: no checkpoint yet, it starts over)."""
     reached: int | None
-    """The last step the previous attempt completed (None: unknown)."""
+    """The last step the previous attempt completed (None: unknown); at least ``step`` once known."""
+
+    def __post_init__(self) -> None:
+        # rank 0's record lags when its node died mid-step: the survivors' snapshot holds a step it did not record
+        if self.reached is not None and self.reached < self.step:
+            object.__setattr__(self, "reached", self.step)
 
     @property
     def lost(self) -> int | None:

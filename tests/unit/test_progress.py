@@ -24,6 +24,14 @@ def test_an_unreadable_record_is_no_record(tmp_path, content):
     assert progress.reached(tmp_path) is None
 
 
+def test_a_snapshot_beyond_rank_0s_record_is_the_step_reached():
+    """rank 0's node killed mid-step: the survivors' emergency snapshot holds step 26, rank 0 recorded 25."""
+    resumed = Resumed(26, "/results/f/checkpoints/emergency.pt", 25)
+    assert (resumed.reached, resumed.lost) == (26, 0)
+    assert resumed.record()["reached"] == 26 and resumed.line().endswith(", no steps lost")
+    assert Resumed(26, None, None).reached is None
+
+
 @pytest.mark.parametrize(
     ("resumed", "line"),
     [
