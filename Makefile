@@ -21,11 +21,12 @@ DOCKERFILES = $(shell git ls-files -co --exclude-standard | grep -E '(^|/)([^/]+
 # Every shell script of the repository (by extension or by a bash/sh shebang), for shellcheck.
 SHELL_SCRIPTS = $(shell git ls-files -co --exclude-standard | xargs grep -lsE '^\#!/(usr/)?bin/(env )?(ba)?sh' | sort)
 
-# Targets the areas' own files (mk/*.mk) add for `make test`, e.g. the engine, the images and .venv-tv: all of
-# them made before pytest starts, so that nothing heavy runs beside the timed tests.
+# Targets the areas' own files (mk/*.mk) add for `make test`, e.g. the engine and the images: all of them made
+# before pytest starts, so that nothing heavy runs beside the timed tests. TEST_BESIDE: those that need neither the
+# engine nor the images (.venv-tv and the torchvision suite), run with lint beside the base's debootstrap and the
+# image builds, which leave a core idle in turns; they too end before pytest starts.
 TEST_PREREQS :=
-# Test suites run after the main pytest run, e.g. the torchvision suite in its own venv.
-EXTRA_TESTS :=
+TEST_BESIDE :=
 
 ##@ General
 
@@ -106,17 +107,16 @@ test-noise: venv engine ## Tests that judge verdicts on real measurement noise (
 	$(PY) -m pytest -m noise $(PYTEST_ARGS)
 
 .PHONY: test
-# The venv and lint run beside the engine, base, images and .venv-tv (which need no venv; one core each); host-deps
-# first: it and the engine may both run apt. The pytest line holds no $(MAKE), so that `make -n test` runs no test.
+# The venv, lint and TEST_BESIDE run beside the engine, base and images (which need no venv; one core each);
+# host-deps first: it and the engine may both run apt. The pytest line holds no $(MAKE), so that `make -n test` runs
+# no test.
 test: host-deps ## Lint, then every test but the noise ones: unit, real processes, containers, Ansible (sets up what it needs).
-	@mkdir -p build/logs; lintlog=build/logs/test-lint.log; start=$$EPOCHSECONDS; \
-	$(MAKE) --no-print-directory lint >$$lintlog 2>&1 & lint=$$!; \
+	@mkdir -p build/logs; log=build/logs/test-beside.log; start=$$EPOCHSECONDS; \
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint $(TEST_BESIDE) >$$log 2>&1 & beside=$$!; \
 	$(MAKE) --no-print-directory engine base && \
-	$(MAKE) --no-print-directory -j3 --output-sync=target $(TEST_PREREQS) || { wait $$lint; exit 1; }; \
-	wait $$lint && cat $$lintlog || { cat $$lintlog; echo "error: make lint failed (log: $$lintlog)" >&2; exit 1; }; \
-	echo "test: venv, lint, engine, base, images and .venv-tv ready in $$((EPOCHSECONDS - start)) s"
+	$(MAKE) --no-print-directory -j3 --output-sync=target $(TEST_PREREQS) || { wait $$beside; exit 1; }; \
+	wait $$beside && cat $$log || { cat $$log; echo "error: make lint $(TEST_BESIDE) failed (log: $$log)" >&2; exit 1; }; \
+	echo "test: lint, $(TEST_BESIDE), the engine, the base and the images done in $$((EPOCHSECONDS - start)) s"
 	@start=$$EPOCHSECONDS; echo "$(PY) -m pytest $(TEST_REPORT) $(TEST_SELECTION) $(PYTEST_ARGS)"; \
 	DDP_REQUIRE_TEST_DEPS=1 $(PY) -m pytest $(TEST_REPORT) $(TEST_SELECTION) $(PYTEST_ARGS) && status=0 || status=$$?; \
 	echo "test: pytest took $$((EPOCHSECONDS - start)) s"; exit "$$status"
-	@for target in $(EXTRA_TESTS); do start=$$EPOCHSECONDS; $(MAKE) --no-print-directory $$target || exit 1; \
-	  echo "test: make $$target took $$((EPOCHSECONDS - start)) s"; done

@@ -12,10 +12,9 @@ SCALE_ARGS ?=
 TV_VENV ?= .venv-tv
 TV_SPEC ?= torch==$(TV_TORCH_VERSION) torchvision==$(TORCHVISION_VERSION)
 
-EXTRA_TESTS += test-torchvision
-# Its venv is made before pytest starts, beside the images (made after the main run, it added its whole install;
-# beside it, it loaded the timed tests).
-TEST_PREREQS += venv-tv
+# The torchvision suite and its venv run before pytest starts, beside the base and the images (the venv made after
+# the main run added its whole install; beside it, it loaded the timed tests).
+TEST_BESIDE += test-torchvision
 
 ##@ Training
 
