@@ -27,9 +27,9 @@ import multiprocessing.forkserver
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from datetime import timedelta
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
 from app import contract, evict
@@ -132,8 +132,8 @@ def launch(run: Launch, evicting: bool = False) -> dict:
 
 FIRST_ROUND_SHARE = 0.5
 """Of the join timeout: how long the job's first rendezvous round waits for all its nodes once --min-nodes have
-joined, and a round after a regroup for the node that waits (other rounds: the rendering's short last call, so that
-survivors do not idle)."""
+joined, and, at most, a round after a regroup for the nodes it awaits (``regroup_round``; other rounds: the
+rendering's short last call, so that survivors do not idle)."""
 ROUND_TRIES = 3
 """Rendezvous rounds a node joins in a row whose rank 0 never gives the round's address (``NO_RANK_0``)."""
 NO_RANK_0 = (
@@ -180,8 +180,8 @@ def event_agent(evicting: bool = False) -> type:
         _met: bool = False
         """This agent's first rendezvous round is over."""
         _regrouping: bool = False
-        """This agent stopped its ranks for a node that waits to join: its next round waits for that node as the
-        first round does (``first_round``), not the short last call that a loaded machine's joiner can miss (the
+        """This agent stopped its ranks for a node that waits to join: its next round waits for that node and the
+        others of its round (``regroup_round``), not the short last call that a loaded machine's joiner can miss (the
         round then forms without it, and it waits again: a second regroup)."""
         _round: frozenset = frozenset()
         """The nodes of this agent's rendezvous round (torch's node descriptors), once it is complete."""
@@ -189,7 +189,7 @@ def event_agent(evicting: bool = False) -> type:
         def join(self, join_round: Callable[[], None], handler: Any) -> None:
             for tries_left in reversed(range(ROUND_TRIES)):
                 try:
-                    with contextlib.nullcontext() if self._met and not self._regrouping else first_round(handler):
+                    with self._round_rule(handler):
                         join_round()
                     break
                 except Exception as error:
@@ -197,6 +197,15 @@ def event_agent(evicting: bool = False) -> type:
                         raise
                     print(NO_RANK_0, flush=True)  # torch's next_rendezvous leaves the round first: the next one
             self._met, self._regrouping, self._round = True, False, round_nodes(handler)
+
+        def _round_rule(self, handler: Any) -> contextlib.AbstractContextManager:
+            """How this agent's next round waits for nodes: the job's first round as ``first_round``, a round after
+            a regroup as ``regroup_round``, any other with the handler's own last call."""
+            if not self._met:
+                return first_round(handler)
+            if self._regrouping:
+                return regroup_round(handler, self._round)
+            return contextlib.nullcontext()
 
         def monitored(self, result: Any, again: Callable[[], Any], spec: Any) -> Any:
             if result.state == WorkerState.HEALTHY and torch_elastic.dropped(spec.rdzv_handler):
@@ -298,9 +307,10 @@ def leave_round(handler: Any) -> None:
 
 def first_round(handler: Any) -> contextlib.AbstractContextManager:
     """While entered, an elastic c10d rendezvous (fewer --min-nodes than nodes) waits for all its nodes for
-    ``FIRST_ROUND_SHARE`` of its join timeout once --min-nodes have joined, not the rendering's short last call. The
-    agent enters it for the job's first round and for a round after a regroup (a node waits to join: the round
-    completes as soon as it joins, at once when it makes the job whole).
+    ``FIRST_ROUND_SHARE`` of its join timeout once --min-nodes have joined, not the rendering's short last call (torch
+    completes a round before its last call only when --nnodes MAX have joined). The agent enters it for the job's
+    first round, and for a round after a regroup within ``regroup_round``, which completes that round as soon as the
+    nodes it awaits have joined.
 
     A job starts with every node that comes up: nodes that start a few seconds apart on a loaded machine all
     make the first round, and the job's global batch is that of all its nodes (a job that started on fewer
@@ -313,6 +323,51 @@ def first_round(handler: Any) -> contextlib.AbstractContextManager:
         return short if least == most else max(short, join * FIRST_ROUND_SHARE)
 
     return torch_elastic.last_call(handler, longest)
+
+
+@dataclass
+class Awaited:
+    """The nodes that a round after a regroup waits for, and the newest heartbeat of each seen so far."""
+
+    nodes: frozenset
+    """torch's node descriptors."""
+    since: datetime
+    """When the wait began: the heartbeat counted for a node of ``nodes`` whose heartbeat no read has shown."""
+    seen: dict = field(default_factory=dict)
+    """Node -> the newest heartbeat of it that a read showed."""
+
+    def see(self, read: torch_elastic.RoundRead) -> None:
+        """Remember the heartbeats of ``nodes`` that ``read`` shows, where newer than those seen before."""
+        for node in self.nodes & read.heartbeats.keys():
+            self.seen[node] = max(self.seen.get(node, read.heartbeats[node]), read.heartbeats[node])
+
+    def dead(self, read: torch_elastic.RoundRead) -> frozenset:
+        """The nodes whose newest heartbeat seen (``since`` for one never seen) is older than ``read.dead_after`` at
+        ``read``'s time: those that torch's rendezvous took, or would take, for dead. Absence from ``read`` is no
+        death: a live node that left the round it completed is out of the state until it joins again moments later."""
+        return frozenset(n for n in self.nodes if read.now - self.seen.get(n, self.since) > read.dead_after)
+
+    def ready(self, read: torch_elastic.RoundRead) -> bool:
+        """After remembering ``read`` (``see``): every node of ``nodes`` not ``dead`` is a participant of its round."""
+        self.see(read)
+        return self.nodes - self.dead(read) <= read.participants
+
+
+@contextlib.contextmanager
+def regroup_round(handler: Any, last_round: frozenset) -> Iterator[None]:
+    """While entered, a c10d rendezvous round waits as the first round does (``first_round``) but completes as soon
+    as this node and every node it awaits have joined (with --min-nodes at least): the nodes of ``last_round`` (this
+    agent's round before the regroup) and those that wait to join (``newcomers``), less those known dead
+    (``Awaited``). In a job short of --nnodes MAX (a node died for good), torch's round would wait for more nodes
+    until its last call. Others: ``first_round`` alone."""
+    read = torch_elastic.last_read(handler)
+    early: contextlib.AbstractContextManager = contextlib.nullcontext()
+    if read is not None:
+        awaited = Awaited(last_round | newcomers(handler, last_round), since=read.now)
+        awaited.see(read)
+        early = torch_elastic.complete_early(handler, awaited.ready)
+    with first_round(handler), early:
+        yield
 
 
 def round_nodes(handler: Any) -> frozenset:

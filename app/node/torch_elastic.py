@@ -15,9 +15,10 @@ import contextlib
 import functools
 import importlib
 import inspect
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from app.errors import UsageError
@@ -57,8 +58,16 @@ PRIVATE = (
     Private(DYNAMIC, "DynamicRendezvousHandler._get_deadline", ("self", "timeout")),
     Private(DYNAMIC, "_DistributedRendezvousOpExecutor.run", ("self", "state_handler", "deadline")),
     Private(DYNAMIC, "_RendezvousExitOp", ()),
+    Private(DYNAMIC, "_RendezvousJoinOp"),  # told apart from the executor's other operations
+    Private(DYNAMIC, "_Action.MARK_RENDEZVOUS_COMPLETE"),
+    Private(DYNAMIC, "_RendezvousContext.node", on_instance=True),
+    Private(DYNAMIC, "_RendezvousContext.state", on_instance=True),
+    Private(DYNAMIC, "_RendezvousContext.settings", on_instance=True),
     Private(DYNAMIC, "_RendezvousState.participants", on_instance=True),
     Private(DYNAMIC, "_RendezvousState.wait_list", on_instance=True),
+    Private(DYNAMIC, "_RendezvousState.last_heartbeats", on_instance=True),
+    Private(DYNAMIC, "_RendezvousState.complete", on_instance=True),
+    Private(DYNAMIC, "_RendezvousState.closed", on_instance=True),
     Private(DYNAMIC, "RendezvousTimeout._set_timeouts", ("self", "timeouts")),
     Private("torch.distributed.elastic.rendezvous.api", "RendezvousStoreInfo.MASTER_ADDR_KEY"),
     Private("torch.distributed.elastic.multiprocessing.errors", "_NOT_AVAILABLE"),
@@ -198,6 +207,80 @@ def round_state(handler: Any) -> tuple[frozenset, frozenset] | None:
     if holder is None:
         return None
     return frozenset(holder.state.participants), frozenset(holder.state.wait_list)
+
+
+@dataclass(frozen=True)
+class RoundRead:
+    """One read of a c10d rendezvous state, as a handler that joins its round sees it."""
+
+    participants: frozenset
+    """The nodes of the round (torch's node descriptors)."""
+    heartbeats: dict
+    """Each node's last heartbeat (an aware UTC datetime) that the state holds: not a node that left, nor one whose
+    heartbeat the reader's state holder found older than ``dead_after`` (it took that one out of the state)."""
+    dead_after: timedelta
+    """The age of a node's last heartbeat at which the rendezvous takes the node for dead (keep_alive_interval x
+    keep_alive_max_attempt)."""
+    now: datetime
+    """When it was read (aware UTC, as the heartbeats)."""
+
+
+def _read(state: Any, settings: Any) -> RoundRead:
+    """``state`` (torch's _RendezvousState) read now, under ``settings`` (its RendezvousSettings)."""
+    dead_after = settings.keep_alive_interval * settings.keep_alive_max_attempt
+    return RoundRead(frozenset(state.participants), dict(state.last_heartbeats), dead_after, datetime.now(UTC))
+
+
+def last_read(handler: Any) -> RoundRead | None:
+    """The c10d handler's rendezvous state as it last read it; None for other handlers."""
+    holder, settings = getattr(handler, "_state_holder", None), getattr(handler, "_settings", None)
+    return None if holder is None or settings is None else _read(holder.state, settings)
+
+
+def complete_when(ready: Callable[[RoundRead], bool], join: Callable[[Any, float], Any]) -> Callable[[Any, float], Any]:
+    """A c10d join operation (torch's ``join(context, deadline) -> action``) that asks ``ready`` at every read of
+    the state (so it may remember each read) and marks the round complete at the first read where ``ready`` holds,
+    this node is a participant, the round is neither complete nor closed, it has --min-nodes participants and the
+    join's deadline has not passed; at any other read, ``join`` decides (torch's: at its last call, or at max nodes)."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _Action
+
+    def joined(ctx: Any, deadline: float) -> Any:
+        state, settings = ctx.state, ctx.settings
+        wanted = ready(_read(state, settings))
+        open_round = not state.complete and not state.closed and time.monotonic() <= deadline
+        if wanted and open_round and ctx.node in state.participants and len(state.participants) >= settings.min_nodes:
+            return _Action.MARK_RENDEZVOUS_COMPLETE
+        return join(ctx, deadline)
+
+    return joined
+
+
+@contextlib.contextmanager
+def complete_early(handler: Any, ready: Callable[[RoundRead], bool]) -> Iterator[None]:
+    """While entered, each join of a round by the c10d handler is ``complete_when(ready, torch's join)``; other
+    handlers: as they are. torch's handler runs every operation through its op executor's ``run``, which is
+    wrapped on that instance while entered (its other operations pass as they came)."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousJoinOp
+
+    executor = getattr(handler, "_op_executor", None)
+    if executor is None:
+        yield
+        return
+    run, own = executor.run, vars(executor).get("run")  # own: set on the instance before (None: the class's)
+
+    def wrapped(state_handler: Any, *args: Any, **kwargs: Any) -> None:
+        if isinstance(state_handler, _RendezvousJoinOp):
+            state_handler = complete_when(ready, state_handler)
+        return run(state_handler, *args, **kwargs)
+
+    executor.run = wrapped
+    try:
+        yield
+    finally:
+        if own is None:
+            del executor.run
+        else:
+            executor.run = own
 
 
 def dropped(handler: Any) -> bool:

@@ -377,6 +377,65 @@ def test_a_node_dropped_from_the_round_its_ranks_train_in_regroups_with_them(tmp
     same_final_params(reference, out)
 
 
+REGROUP_S = 60
+"""How long the test gives the round after a regroup to complete once the node it waits for is waiting: seconds
+suffice (the dead nodes' heartbeats expire in 5 s); torch's last call there would be 150 s (half of 300)."""
+
+
+def test_a_round_after_a_regroup_completes_once_its_nodes_are_in_not_at_its_last_call(tmp_path: Path) -> None:
+    """--nnodes 1:3 on three nodes of one rank (the first round completes at once, whole). While the ranks hold at
+    step 2, two workers' nodes are killed, and one of them is started again: a new agent, which waits to join. The
+    head stops its ranks for it (a regroup) and joins the next round, which the job, short of 3 nodes for good,
+    would have held for its last call (half the 300 s join timeout) waiting for a third node; it completes as soon as
+    the head and the new worker are in, the dead workers taken for dead by their heartbeats (5 s). The verdict: that
+    round complete within REGROUP_S, the regroup in the job's events, the job resumed from step 2 and ended."""
+    events_file, out, go = tmp_path / "events.jsonl", tmp_path / "out", tmp_path / "go"
+    env = _clean_env({"GLOO_SOCKET_IFNAME": "lo", "DDP_CLUSTER_EVENTS_FILE": str(events_file)})
+    conf = "--rdzv-conf=join_timeout=300,last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=5"
+    # Global batch 48 (3 ranks x 8 x accum 2; on 2 ranks, accum 3): 4 steps.
+    train = ["--train-samples", "192", "--test-samples", "48", "--epochs", "1", "--batch-size", "8",
+             "--accum-steps", "2", "--resume", "auto"]  # fmt: skip
+    job = [str(FAULT_JOB), "--hold-at-step", "2", "--hold-until", str(go), "--", *synthetic(out, *train)]
+
+    def start(port: int, addr: str, name: str) -> subprocess.Popen:
+        c10d = ["--nnodes=1:3", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                "--rdzv-id=regroup", conf, "--monitor-interval=0.5", f"--local-addr={addr}"]  # fmt: skip
+        cmd = node_command(tmp_path / name, [*c10d, *job])
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # fmt: skip
+
+    head_address = this_machines_address()  # rank 0, whose round store outlives the workers
+    with store_server() as port:
+        state = functools.partial(rendezvous_state, port, "regroup")
+        head = start(port, head_address, "head")
+        workers = [start(port, f"worker-{i}.invalid", f"worker-{i}") for i in (1, 2)]
+        procs = [head, *workers]
+        try:
+            wait_for("the three ranks held at step 2", lambda: progress.reached(out) == 2, procs)
+            for worker in workers:
+                os.killpg(worker.pid, signal.SIGKILL)  # the node: its agent, fork server and rank
+                worker.communicate()
+            again = start(port, "worker-1.invalid", "worker-1-again")  # a new agent: a node new to the rendezvous
+            procs = [head, again]
+            wait_for("the new worker waiting to join (or joined)",
+                     lambda: bool((s := state()).wait_list) or s.round > 0, procs)  # fmt: skip
+            wait_for("the round after the regroup, complete with the head and the new worker",
+                     lambda: (s := state()).round > 0 and s.complete and len(s.participants) == 2, procs,
+                     timeout=REGROUP_S)  # fmt: skip
+            go.touch()  # (the resumed ranks are past step 2)
+            said = {name: proc.communicate(timeout=TIMEOUT) for name, proc in (("head", head), ("again", again))}
+        finally:
+            go.touch()
+            for proc in (head, *workers, *procs):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+    assert (head.returncode, again.returncode) == (0, 0), said
+    records, _ = events.read(events_file)
+    assert [r["why"] for r in records if r["kind"] == events.REGROUP] == ["a node waits to join"], records
+    snapshot = out / "checkpoints" / "emergency.pt"
+    assert f"train: resumed from step 2 (checkpoint {snapshot}), no steps lost" in said["head"][0], said["head"]
+
+
 def test_an_exception_of_a_script_is_reported_as_torchrun_reports_it(tmp_path: Path) -> None:
     done = run_node(tmp_path, [*TWO_RANKS, str(NODE_JOB), "--raise-on-rank", "1", str(tmp_path)])
     assert done.returncode == 1, done.stderr[-3000:]

@@ -7,6 +7,8 @@ a torch that renames or re-signs one fails here, and app node refuses it in one 
 import operator
 import subprocess
 import sys
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -34,10 +36,12 @@ def real_ones() -> dict[str, object]:
         "job", store, C10dRendezvousBackend(store, "job"), 1, 2, local_addr="node0"
     )
     spec = WorkerSpec(role="trainer", local_world_size=1, rdzv_handler=handler, entrypoint="x.py", max_restarts=3)
+    state = handler._state_holder.state
     return {
         "LocalElasticAgent": LocalElasticAgent(spec, DefaultLogsSpecs(), start_method="spawn"),
         "DynamicRendezvousHandler": handler,
-        "_RendezvousState": handler._state_holder.state,
+        "_RendezvousState": state,
+        "_RendezvousContext": dynamic._RendezvousContext(handler._this_node, state, handler._settings),
     }
 
 
@@ -135,11 +139,97 @@ def test_a_round_after_a_regroup_waits_for_the_joiner_as_the_first_round_does(mo
     calls: list = []
 
     def round_() -> None:
-        calls.append(timeout.last_call)
+        calls.append((timeout.last_call, "run" in vars(handler._op_executor)))  # run wrapped: complete_early
 
     node.join(round_, handler)  # the first round
     node.join(round_, handler)  # a restart after a failure
     node.restarting(True)  # torch's agent restarts its ranks for a node that waits to join
     node.join(round_, handler)
     node.join(round_, handler)
-    assert calls == [long, short, long, short] and timeout.last_call == short
+    assert calls == [(long, False), (short, False), (long, True), (short, False)], calls
+    assert timeout.last_call == short and "run" not in vars(handler._op_executor)
+
+
+def elastic_handler(store: object, addr: str) -> object:
+    """A real c10d handler of an elastic job of 1 to 3 nodes on the in-process ``store`` (torch's defaults: a
+    heartbeat every 5 s, a node dead after 3 missed: 15 s; a last call of 30 s)."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    backend = C10dRendezvousBackend(store, "job")
+    return dynamic.DynamicRendezvousHandler.from_backend("job", store, backend, 1, 3, local_addr=addr)
+
+
+def test_a_round_after_a_regroup_completes_once_the_nodes_it_awaits_are_in_unless_one_is_dead() -> None:
+    """torch's join operation, wrapped (``complete_when``), on real states of a round of 1 to 3 nodes that this node
+    joined: this node, a peer of its last round and the node that waited to join are awaited (``Awaited``)."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
+
+    handler = elastic_handler(dist.HashStore(), "this")
+    this, peer, newcomer = handler._this_node, dynamic._NodeDesc("peer", 2, 0), dynamic._NodeDesc("new", 3, 0)
+    now, stale = datetime.now(UTC), datetime.now(UTC) - timedelta(seconds=60)  # dead: older than 15 s
+
+    def action(participants: set, heartbeats: dict, since: datetime = now, ready=None) -> object:
+        state = dynamic._RendezvousState()
+        state.participants, state.last_heartbeats = dict.fromkeys(participants, 0), dict(heartbeats)
+        ready = ready or agent.Awaited(frozenset({this, peer, newcomer}), since=since).ready
+        ctx = dynamic._RendezvousContext(this, state, handler._settings)
+        deadline = time.monotonic() + 60
+        found = torch_elastic.complete_when(ready, dynamic._RendezvousJoinOp())(ctx, deadline)
+        torchs = dynamic._RendezvousJoinOp()(ctx, deadline)  # what torch's own operation does there
+        return "complete" if found == dynamic._Action.MARK_RENDEZVOUS_COMPLETE else ("torch's", torchs == found)
+
+    everyone = {this: now, peer: now, newcomer: now}
+    assert action({this, peer, newcomer}, everyone) == "complete"  # 3 of 3 max: torch would complete it too
+    assert action({this, newcomer}, everyone) == ("torch's", True)  # the peer is alive (its heartbeat is fresh)
+    assert action({this, newcomer}, {this: now, peer: stale, newcomer: now}) == "complete"  # the peer died
+    assert action({this, newcomer}, {this: now, newcomer: now}, since=stale) == "complete"  # never seen, long gone
+    assert action({this, newcomer}, {this: now, newcomer: now}) == ("torch's", True)  # never seen, only just
+    assert action({peer, newcomer}, everyone, ready=lambda read: True) == ("torch's", True)  # this node is not in it
+
+
+def test_a_peer_briefly_out_of_the_state_is_waited_for_by_the_heartbeat_remembered_of_it() -> None:
+    """A live peer exits the round it completed and joins again moments later: in between it is in neither the
+    participants nor the heartbeats. Its newest heartbeat seen, remembered across reads, says it is alive; only once
+    that heartbeat is older than the rendezvous allows is the peer taken for dead."""
+    this, peer, newcomer = "this", "peer", "new"
+    start, dead_after = datetime(2026, 1, 1, tzinfo=UTC), timedelta(seconds=15)
+
+    def read(at: float, participants: set, heartbeats: dict) -> torch_elastic.RoundRead:
+        beats = {node: start + timedelta(seconds=s) for node, s in heartbeats.items()}
+        return torch_elastic.RoundRead(frozenset(participants), beats, dead_after, start + timedelta(seconds=at))
+
+    nodes = frozenset({this, peer, newcomer})
+    awaited = agent.Awaited(nodes, since=start)
+    assert not awaited.ready(read(0, {peer}, {peer: 0, newcomer: 0}))  # the old round, the newcomer waits
+    gap = read(10, {this, newcomer}, {this: 9, newcomer: 9})  # the peer left the old round, not yet back
+    assert not awaited.ready(gap) and agent.Awaited(nodes, since=start - dead_after).ready(gap)  # (absence alone)
+    assert awaited.ready(read(11, {this, newcomer, peer}, {this: 9, newcomer: 9, peer: 11}))  # it joined
+    gone = agent.Awaited(nodes, since=start)
+    assert not gone.ready(read(0, {peer}, {peer: 0, newcomer: 0}))
+    assert not gone.ready(read(15, {this, newcomer}, {this: 15, newcomer: 15}))  # 15 s since: not yet dead
+    assert gone.ready(read(15.5, {this, newcomer}, {this: 15, newcomer: 15}))  # dead as torch's rendezvous says
+
+
+def test_a_regroup_round_on_real_handlers_completes_as_the_awaited_nodes_join_not_at_the_last_call() -> None:
+    """Two real handlers on one store, an elastic job of 1 to 3 nodes: the peer joins first (its last call, 30 s,
+    begins), then this node's real join operation, run by torch's executor inside ``complete_early``, completes the
+    round as soon as it is in with the peer (torch's: 30 s later). The executor is as it was afterwards."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
+
+    store = dist.HashStore()
+    mine, peers = elastic_handler(store, "this"), elastic_handler(store, "peer")
+    this, peer = mine._this_node, peers._this_node
+
+    def join_only(ctx, deadline):  # the peer: in the round, no more
+        return dynamic._Action.FINISH if ctx.node in ctx.state.participants else dynamic._Action.ADD_TO_PARTICIPANTS
+
+    peers._op_executor.run(join_only, peers._get_deadline(timedelta(seconds=10)))
+    started = time.monotonic()
+    awaited = agent.Awaited(frozenset({this, peer}), since=datetime.now(UTC))
+    with torch_elastic.complete_early(mine, awaited.ready):
+        mine._op_executor.run(dynamic._RendezvousJoinOp(), mine._get_deadline(timedelta(seconds=60)))
+    state = mine._state_holder.state
+    assert state.complete and state.participants == {peer: 0, this: 1}, vars(state)  # ranks by address
+    assert time.monotonic() - started < 10, "the round waited for its last call"
+    assert "run" not in vars(mine._op_executor)
