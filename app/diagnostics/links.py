@@ -178,7 +178,7 @@ def judge(matrix: list[list[float | None]], k: float) -> Verdict:
     def explained(src: int, dst: int) -> bool:
         return named.get(src) in ("send", "both") or named.get(dst) in ("receive", "both")
 
-    while (worst := _slowest_group(links, named, explained, k)) is not None:
+    while (worst := _slowest_group(links, named, explained, k, rule.is_slow)) is not None:
         node, direction = worst
         named[node] = "both" if named.get(node, direction) != direction else direction
     nodes = sorted(named.items())
@@ -186,9 +186,12 @@ def judge(matrix: list[list[float | None]], k: float) -> Verdict:
     return Verdict(rule.median, rule.mad_log, rule.spread, rule.threshold, nodes, slow_links)
 
 
-def _slowest_group(links: dict, named: dict[int, str], explained, k: float) -> tuple[int, str] | None:
+def _slowest_group(links: dict, named: dict[int, str], explained, k: float, is_slow) -> tuple[int, str] | None:
     """The node and direction whose links, not yet explained by a named node, are slowest as a group
-    (None: no group is slow); the links that a named node explains judge nothing else."""
+    (None: no group is slow); the links that a named node explains judge nothing else. A named node's other
+    direction is named too only when each of its links is slow by the whole matrix's rule (``is_slow``): once a
+    node's slow direction is explained, few figures are left to judge its other one against (two on 3 nodes), and
+    the rule's least spread on two figures took 1.6x for slow (a loaded run's links into a node throttled on send)."""
     candidates = []
     for node in sorted({a for a, _ in links}):
         others = [v for (a, b), v in links.items() if node not in (a, b) and not explained(a, b)]
@@ -196,6 +199,8 @@ def _slowest_group(links: dict, named: dict[int, str], explained, k: float) -> t
             if named.get(node) in (direction, "both"):
                 continue
             group = [v for link, v in links.items() if link[end] == node and not explained(*link)]
+            if named.get(node) and not all(is_slow(v) for v in group):
+                continue
             if len(group) >= 2 and outliers.slow_as_a_group(group, others, k):
                 candidates.append((statistics.fmean(math.log(max(v, 1e-12)) for v in group), node, direction))
     return min(candidates)[1:] if candidates else None
