@@ -41,8 +41,9 @@ GATE = "gate"
 line says them) and ``figures`` (per device: ``device``, ``flops`` in FLOP/s, ``copy_gbps``)."""
 EXCHANGE = "ranks"
 """Rank 0 at each exchange of step times (every --exchange-every steps), as metrics.jsonl's ``ranks`` record:
-``step``, ``step_ms``, ``hosts`` and ``busy_ms`` (per rank), ``slowest_rank``, ``slowest_host``,
-``over_median_percent``, ..., and ``world_size``, ``global_batch``, ``accum_steps``, ``samples_per_s``."""
+``step``, ``step_ms``, ``hosts``, ``busy_ms`` and ``stall_ms`` (per rank: app/train/stalls.py), ``slowest_rank``,
+``slowest_host``, ``over_median_percent``, ..., and ``world_size``, ``global_batch``, ``accum_steps``,
+``samples_per_s``."""
 CHECKPOINT = "checkpoint"
 """Rank 0 saved a checkpoint, as metrics.jsonl's record: ``step``, ``epoch``, ``batch``, ``path``."""
 RESIZE = "resize"

@@ -52,7 +52,7 @@ from torch import nn
 from app import events, evict
 from app.errors import ClusterError, first_line
 from app.runtime.distributed import DistContext, store_client
-from app.train import frozen, sync
+from app.train import frozen, stalls, sync
 from app.train.config import HealthConfig
 
 REPORT_GRACE_S = 3.0
@@ -103,14 +103,16 @@ def ranks_text(ranks: list[int]) -> str:
 def analyse(rows: list[list[float]], hosts: list[str], step: int, percent: float) -> tuple[dict, str | None]:
     """The ``ranks`` record of an exchange, and the console line when the slowest rank is a straggler.
 
-    rows: per rank, (steps, seconds less idle, data seconds, wait seconds, seconds since checkpoint).
+    rows: per rank, (steps, seconds less idle, data seconds, wait seconds, seconds since checkpoint, seconds its
+    collective threads waited for a CPU: ``stalls.CommStall``).
     """
-    busy, data, wait = [], [], []
-    for steps, seconds, data_s, wait_s, _ in rows:
+    busy, data, wait, stall = [], [], [], []
+    for steps, seconds, data_s, wait_s, _, stall_s in rows:
         n = max(steps, 1.0)
         busy.append(1000 * max(seconds - wait_s, 0.0) / n)
         data.append(1000 * data_s / n)
         wait.append(1000 * wait_s / n)
+        stall.append(1000 * stall_s / n)
     slowest = max(range(len(rows)), key=busy.__getitem__)
     median = statistics.median(busy)
     over = 100 * (busy[slowest] / median - 1) if median > 0 else 0.0
@@ -127,6 +129,7 @@ def analyse(rows: list[list[float]], hosts: list[str], step: int, percent: float
         "busy_ms": [round(b, 3) for b in busy],
         "data_ms": [round(d, 3) for d in data],
         "wait_ms": [round(w, 3) for w in wait],
+        "stall_ms": [round(x, 3) for x in stall],
         "hosts": hosts,
     }
     if over <= percent:
@@ -195,6 +198,8 @@ class Watch:
         self.hosts: list[str] = sync.gather(ctx.proc.host, ctx.group)
         """Every rank's host, in rank order (gathered once, when the trainer starts)."""
         self.window = Window(time.perf_counter())
+        self.stall = stalls.CommStall()
+        """This rank's collective threads' waits for a CPU since the window began (exchanged as ``stall_ms``)."""
         self._doing: tuple[str, int] = ("start", 0)
         self.since = time.monotonic()
         """When this rank began what it is ``doing`` (the flight recorder's watcher reads it)."""
@@ -246,6 +251,7 @@ class Watch:
     def new_window(self) -> None:
         """Start timing afresh (an epoch begins: evaluation and its collectives are not steps)."""
         self.window = Window(time.perf_counter())
+        self.stall.since_last()
 
     def due(self, step: int) -> bool:
         return bool(self.cfg.exchange_every) and step % self.cfg.exchange_every == 0
@@ -255,7 +261,7 @@ class Watch:
         since its last checkpoint (the same on every rank)."""
         w = self.window
         seconds = time.perf_counter() - w.start - w.idle
-        times = [w.steps, seconds, w.data, w.wait, since_checkpoint]
+        times = [w.steps, seconds, w.data, w.wait, since_checkpoint, self.stall.since_last()]
         mine = torch.tensor(times, dtype=torch.float64, device=self.ctx.device)  # NCCL reduces GPU tensors only
         self.doing = (EXCHANGE, step)
         if self.world > 1:

@@ -4,6 +4,7 @@ worker held at a tenth or a quarter of a CPU, on a quiet and a loaded machine)."
 
 import json
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -118,16 +119,25 @@ THROTTLED = re.compile(r"^worker-at-(?P<quota>[\d.]+)-cpu-from-(?P<at>\d+)-")
 """A recording's name: its worker-2 held at --cpus QUOTA from exchange AT on (the first exchange recorded after
 ``docker update`` returned; 0-based)."""
 QUARTER = (
-    "issue 36 item 8: a node at a quarter of a CPU (the job's samples/s 20-40 % lower after it) is not evicted: its "
-    "cost lands in the all-reduce, which every rank counts as waiting, not in its busy time (golden/evict/README.md)"
+    "recorded before the exchanges carried each rank's collective threads' waits for a CPU (stall_ms): a node at a "
+    "quarter of a CPU beside make test (the job's samples/s 40 % lower after it) shows its cost in no figure of this "
+    "file, for it lands in the all-reduce, which every rank counts as waiting (golden/evict/README.md)"
 )
 XFAIL_SLOW = {
     "worker-at-0.25-cpu-from-13-loaded-1.jsonl": QUARTER,
-    "worker-at-0.25-cpu-from-11-loaded-2.jsonl": QUARTER,
     "worker-at-0.25-cpu-from-14-loaded-3.jsonl": QUARTER,
-    "worker-at-0.25-cpu-from-14-loops-1.jsonl": QUARTER,
 }
-"""Slow recordings the rule does not evict: every one at a quarter of a CPU but the quiet one (evicted late)."""
+STALLED = (
+    "issue 36 item 8: the rule reads busy time alone, and this throttle's cost is in the collective threads' waits for "
+    "a CPU (stall_ms, recorded here: 5-12 ms a step against the others' 1-3); busy plus stall evicts it at exchange "
+    "44-45, but also evicts the healthy head of undisturbed-loops-2 (its waits 5-6.5 ms for 7 exchanges beside 2 busy "
+    "loops): golden/evict/README.md"
+)
+XFAIL_SLOW |= {
+    "worker-at-0.17-cpu-from-40-quiet-2.jsonl": STALLED,
+    "worker-at-0.25-cpu-from-40-quiet-2.jsonl": STALLED,
+}
+"""Slow recordings the rule does not evict though the throttle cost the job more than a third (``PAYS``)."""
 EVICTED_AT = {
     "worker-at-0.1-cpu-from-11-loaded-1.jsonl": (28, 2.2),
     "worker-at-0.1-cpu-from-10-loaded-2.jsonl": (32, 2.7),
@@ -190,9 +200,45 @@ def test_a_recorded_worker_at_a_tenth_of_a_cpu_is_evicted_after_its_throttle_and
     assert (first.nodes_left, first.ranks_left, first.global_batch, first.accum_left) == (2, 2, 96, 3)
 
 
-@pytest.mark.parametrize("name", recorded("worker-at-0.25-*.jsonl", XFAIL_SLOW))
-def test_a_recorded_worker_at_a_quarter_of_a_cpu_is_evicted_after_its_throttle(name: str) -> None:
-    first_eviction_of_the_throttled(name)
+PAYS = 1 / 3
+"""What going on without one of 3 nodes costs the job (each rank left does 1.5x the work): a throttle that cost the job
+more of its samples/s than that is worth an eviction, a lesser one is not."""
+
+
+def samples_per_s(name: str) -> tuple[float, float]:
+    """The job's median samples/s before its throttle (the first exchange, which warms up, left out), and after it."""
+    lines = [json.loads(line) for line in (GOLDEN / name).read_text().splitlines()]
+    at = throttled(name)[1]
+    before = statistics.median(r["samples_per_s"] for r in lines[1:at])
+    return before, statistics.median(r["samples_per_s"] for r in lines[at + 1 :])
+
+
+@pytest.mark.parametrize(
+    "name", [p for p in recorded("worker-at-*.jsonl", XFAIL_SLOW) if "worker-at-0.1-" not in str(p)]
+)
+def test_a_recorded_throttled_worker_is_evicted_exactly_when_its_throttle_costs_the_job_more_than_a_third(
+    name: str,
+) -> None:
+    """Evict when it pays: a worker held at a sixth, a quarter or a third of a CPU, quiet or beside load, is evicted
+    (after its throttle, at the exchange pinned in EVICTED_AT) when the job lost more than PAYS of its samples/s, and
+    never otherwise."""
+    before, after = samples_per_s(name)
+    if 1 - after / before > PAYS:
+        first_eviction_of_the_throttled(name)
+    else:
+        assert replay(name) == [], (before, after)
+
+
+def test_the_recorded_stalls_show_the_throttled_rank_only() -> None:
+    """With stall_ms in the exchanges, a rank held at a quarter of a CPU waits several times as long for a CPU as its
+    peers in each exchange after its throttle, while its busy time stays theirs: the cost busy time alone misses."""
+    name = "worker-at-0.25-cpu-from-40-quiet-2.jsonl"
+    lines = [json.loads(line) for line in (GOLDEN / name).read_text().splitlines()]
+    at = throttled(name)[1]
+    after = lines[at + 1 :]
+    stall = [statistics.median(r["stall_ms"][i] for r in after) for i in range(3)]
+    busy = [statistics.median(r["busy_ms"][i] for r in after) for i in range(3)]
+    assert stall[2] > 3 * max(stall[:2]) and busy[2] < 1.5 * max(busy[:2]), (stall, busy)
 
 
 def first_eviction_of_the_throttled(name: str) -> evict.Eviction:

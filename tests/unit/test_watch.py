@@ -11,11 +11,15 @@ from app.train.watch import StragglerNamer, analyse, collective_failed, ranks_te
 HOSTS = ["head", "head", "w1", "w1"]
 
 
-def rows(busy_ms: list[float], wait_ms: list[float], steps: int = 10) -> list[list[float]]:
-    """Exchange rows of ranks whose steps all take as long (lockstep): wall = busy + wait per step."""
+def rows(busy_ms: list[float], wait_ms: list[float], steps: int = 10, stall_ms: float = 0.0) -> list[list[float]]:
+    """Exchange rows of ranks whose steps all take as long (lockstep): wall = busy + wait per step; each rank's
+    collective threads waited ``stall_ms`` a step for a CPU."""
     wall = [b + w for b, w in zip(busy_ms, wait_ms, strict=True)]
     assert len({round(x, 6) for x in wall}) == 1, "in synchronous DDP every rank's step takes as long"
-    return [[steps, steps * t / 1e3, steps / 1e3, steps * w / 1e3, 12.5] for t, w in zip(wall, wait_ms, strict=True)]
+    stall = steps * stall_ms / 1e3
+    return [
+        [steps, steps * t / 1e3, steps / 1e3, steps * w / 1e3, 12.5, stall] for t, w in zip(wall, wait_ms, strict=True)
+    ]
 
 
 def test_the_straggler_is_the_rank_the_others_wait_for_not_the_one_with_long_steps():
@@ -32,8 +36,9 @@ def test_the_straggler_is_the_rank_the_others_wait_for_not_the_one_with_long_ste
 
 
 def test_no_line_below_the_threshold():
-    record, line = analyse(rows([10, 12, 11, 10], [2, 0, 1, 2]), HOSTS, step=20, percent=50)
+    record, line = analyse(rows([10, 12, 11, 10], [2, 0, 1, 2], stall_ms=0.5), HOSTS, step=20, percent=50)
     assert record["slowest_rank"] == 1 and line is None
+    assert record["stall_ms"] == [0.5] * 4  # each rank's collective threads' wait for a CPU, per step
 
 
 @pytest.mark.parametrize(
