@@ -23,9 +23,10 @@ cluster-links: NPROC_PER_NODE = 1
 cluster-links: ## app links between the mini-cluster's containers (3 x 1); names a slow one; RESULTS/links/.
 	@$(CLUSTER_JOB) --command 'links --json /results/links/links.json --plot /results/links/links.png $(LINKS_ARGS)'
 
-# Extra arguments of the metrics benchmark, e.g. BENCH_METRICS_ARGS='--pairs 5 --json build/bench-metrics.json'.
+# Extra arguments of the metrics benchmark (docker/bench/metrics.py, the package `bench` under docker/ as in
+# mk/faults.mk), e.g. BENCH_METRICS_ARGS='--pairs 5 --json build/bench-metrics.json'.
 BENCH_METRICS_ARGS ?=
 
 .PHONY: bench-metrics
 bench-metrics: venv ## Steady samples/s of 2 local ranks with and without serving Prometheus metrics (scraped every 0.5 s), alternately (~4 min).
-	$(PY) -m tests.rigs.metrics.bench $(BENCH_METRICS_ARGS)
+	PYTHONPATH=$(CURDIR)/docker:$(CURDIR) $(PY) -m bench.metrics $(BENCH_METRICS_ARGS)

@@ -122,7 +122,7 @@ def user_frame(frames: list[dict]) -> dict | None:
 
 
 def _where(prefix: Path, rank: int) -> str:
-    """``at tests/rigs/faults/fault_job.py:95 in hook`` from the rank's stack dump, or why not."""
+    """``at docker/bench/fault_job.py:134 in hook`` from the rank's stack dump, or why not."""
     try:
         stack = json.loads(stack_path(prefix, rank).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -134,9 +134,9 @@ def _where(prefix: Path, rank: int) -> str:
 
 
 def _short(file: str) -> str:
-    """A path from the checkout's root (``app/...``, ``tests/...``) where it is inside it."""
+    """A path from the checkout's root (``app/...``, ``docker/...``) where it is inside it."""
     parts = Path(file).parts
-    for root in ("app", "tests", "examples"):
+    for root in ("app", "tests", "examples", "docker"):
         if root in parts:
             return str(Path(*parts[parts.index(root) :]))
     return file

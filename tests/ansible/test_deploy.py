@@ -20,12 +20,12 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
+from bench import gate_figures
 from nodes import nodes
 
 from app import contract
 from app.orchestrate import engine
 from tests.ansible.conftest import ANSIBLE_DIR, ansible_env, record_timing, run_playbook
-from tests.rigs import gate_figures
 
 pytestmark = [pytest.mark.ansible, pytest.mark.docker, pytest.mark.slow]
 DEPLOY = ANSIBLE_DIR / "deploy.yml"

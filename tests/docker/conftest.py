@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from tests.rigs import gate_figures
-from tests.rigs.faults.drive import explain
+from bench import gate_figures
+from bench.drive import explain
 
 ROOT = Path(__file__).resolve().parents[2]
 # DDP_TEST_IMAGE_NAME: another name, so that several checkouts can test on one engine side by side.

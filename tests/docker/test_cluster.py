@@ -12,6 +12,7 @@ import time
 import uuid
 
 import pytest
+from bench import drive
 
 from app import contract
 from app.orchestrate import engine, status
@@ -51,7 +52,7 @@ while time.monotonic() < deadline:
 (the node serves them from its first exchange on; the job holds its step meanwhile)."""
 HOLD_STEP, RELEASE = 30, "/results/digits/go"
 TRAIN_2X2 = [
-    "SCRIPT=tests/rigs/faults/fault_job.py",
+    f"SCRIPT={drive.JOB}",
     f"ARGS=--hold-at-step {HOLD_STEP} --hold-until {RELEASE} -- --dataset digits --epochs 10 --out /results/digits",
 ]
 """app train through the fault job, which holds every rank at step 30 (after the exchange of step 20) until the test

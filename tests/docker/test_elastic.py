@@ -19,10 +19,10 @@ import time
 import uuid
 
 import pytest
+from bench.drive import CFS_PERIOD_US, SICK_QUOTA_US, TRAIN, FaultRun, explain
+from bench.gate_figures import FAIL_BELOW, KEEP_OUT, LET_IN, MEASURED
 
 from app import events
-from tests.rigs.faults.drive import CFS_PERIOD_US, SICK_QUOTA_US, TRAIN, FaultRun, explain
-from tests.rigs.gate_figures import FAIL_BELOW, KEEP_OUT, LET_IN, MEASURED
 
 from .conftest import project_leftovers, run
 

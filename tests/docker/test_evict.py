@@ -18,10 +18,10 @@ import statistics
 import uuid
 
 import pytest
+from bench.drive import CFS_PERIOD_US, OUT, FaultRun, explain
+from bench.gate_figures import KEEP_OUT, LET_IN, MEASURED
 
 from app import events
-from tests.rigs.faults.drive import CFS_PERIOD_US, OUT, FaultRun, explain
-from tests.rigs.gate_figures import KEEP_OUT, LET_IN, MEASURED
 
 from .test_elastic import TOLERANCE, _difference, _down, _gate, _gate_line
 

@@ -1,7 +1,7 @@
 """The fault suite: the compose cluster (2 nodes x 2 ranks, gloo) heals itself, or says in one line why not.
 
 Each fault strikes at step 25 of a 46-step job, after the checkpoints of steps 10, 20 and 23: the fault
-job (tests/rigs/faults/fault_job.py) writes a marker there and slows its steps, and the test acts on a container.
+job (docker/bench/fault_job.py) writes a marker there and slows its steps, and the test acts on a container.
 1. a training process killed (kill -9 inside the worker container), 2. the worker container killed,
 4. the worker container paused past the collective timeout: the job resumes and ends with parameters
 and optimizer state identical to an uninterrupted run's, as it does with 3. the head container killed
@@ -22,12 +22,12 @@ import uuid
 
 import pytest
 import torch
+from bench.drive import COLLECTIVE_TIMEOUT, FINAL_STEP, OUT, FaultRun, explain
 
 from app import events
 from app.orchestrate import engine
 from app.orchestrate import status as job_status
 from app.topology.compose import STOP_GRACE_S  # the nodes stop within it once the store is gone
-from tests.rigs.faults.drive import COLLECTIVE_TIMEOUT, FINAL_STEP, OUT, FaultRun, explain
 
 from .conftest import ROOT, project_leftovers, run
 

@@ -16,9 +16,8 @@ import urllib.parse
 import urllib.request
 
 import pytest
-
-from tests.rigs.faults.drive import OUT, FaultRun, explain
-from tests.rigs.metrics.bench import free_port
+from bench.drive import OUT, FaultRun, explain
+from bench.metrics import free_port
 
 from .conftest import IMAGE_NAME, ROOT, built, project_leftovers, run
 

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bench import fault_job
+from bench.gate_figures import LET_IN, set_figures
 
 from app import events, progress
 from app.node import agent
@@ -28,12 +30,11 @@ from app.train.stop import STATUS
 from tests.deps import need
 from tests.integration.launchers import PYTHON, _clean_env, one_error_line
 from tests.integration.train_runs import CHECKPOINTED, TIMEOUT, same_final_params, synthetic, uninterrupted
-from tests.rigs.gate_figures import LET_IN, set_figures
 
 pytestmark = pytest.mark.integration
 
 NODE_JOB = Path(__file__).with_name("node_job.py")
-FAULT_JOB = Path(__file__).parents[2] / "tests" / "rigs" / "faults" / "fault_job.py"
+FAULT_JOB = Path(fault_job.__file__).resolve()
 TWO_RANKS = ["--standalone", "--nproc-per-node", "2"]
 
 

@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
+from bench.gate_figures import KEEP_OUT, LET_IN, set_figures
 
 from app import events, evict
 from tests.integration.launchers import _clean_env, in_namespace
 from tests.integration.test_node import FAULT_JOB, node_command, store_server, this_machines_address
 from tests.integration.train_runs import TIMEOUT, synthetic
-from tests.rigs.gate_figures import KEEP_OUT, LET_IN, set_figures
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,7 @@
 A rank that stops (SIGSTOP, like a hung process) is named by the ranks that still answer, once
 their collective times out; a rank that is slow every step is named as the straggler. Each test
 moves the fault to another rank as its own negative control: the report must follow it.
-The fault hooks are the fault suite's test job (tests/rigs/faults/fault_job.py).
+The fault hooks are the fault suite's test job (docker/bench/fault_job.py).
 """
 
 import json
@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from bench import fault_job
 
 from app.train import watch
 from tests.integration.launchers import ERROR_LINE, PYTHON, _clean_env, in_namespace
@@ -24,7 +25,7 @@ from tests.integration.train_runs import TIMEOUT, metrics, synthetic
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-JOB = ROOT / "tests" / "rigs" / "faults" / "fault_job.py"
+JOB = Path(fault_job.__file__).resolve()
 COLLECTIVE_TIMEOUT = 8
 
 
@@ -161,7 +162,7 @@ def test_the_flight_recorder_names_the_collective_and_the_line_a_hung_rank_is_at
                           r"dumps in ([^\s;]+)", cause)  # fmt: skip
         assert found, cause
         assert found[3] == str(hung) and found[4] == host and int(found[1]) > 6, cause
-        assert (found[5], int(found[6]), found[7]) == ("tests/rigs/faults/fault_job.py", line_no, "hook"), cause
+        assert (found[5], int(found[6]), found[7]) == (str(JOB.relative_to(ROOT)), line_no, "hook"), cause
         assert Path(found[8]) == tmp_path / "out" / "flight"
         assert (Path(found[8]) / "analysis.txt").is_file()  # what torch's analysis said, off the terminal
 

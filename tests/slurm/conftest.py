@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from tests.rigs import gate_figures
+from bench import gate_figures
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_TIMEOUT = 600

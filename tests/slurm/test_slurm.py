@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from bench import fault_job
 
 from app import contract
 from tests.slurm.conftest import JOB_TIMEOUT, ROOT, SlurmCluster, docker, explain, make
@@ -127,7 +128,7 @@ HOLD_STEP = 10
 ranks hold in no collective, and the survivors learn of the dead node when the test lets them go on."""
 ELASTIC_JOB = [
     "LAUNCHER=torchrun",
-    f"SCRIPT={ROOT / 'tests' / 'rigs' / 'faults' / 'fault_job.py'}",
+    f"SCRIPT={fault_job.__file__}",
     f"ARGS=--hold-at-step {HOLD_STEP} --hold-until /results/elastic/go -- --dataset digits --epochs 3 "
     "--accum-steps 2 --batch-size 32 --out /results/elastic --resume auto",
 ]

@@ -38,6 +38,13 @@ def test_the_dumps_name_the_collective_the_silent_rank_never_joined_and_its_line
     )
 
 
+def test_a_frame_inside_the_checkout_is_named_from_its_root_and_one_outside_in_full() -> None:
+    """The recorded dump's fault job was tests/rigs/faults/fault_job.py; it is docker/bench/fault_job.py now."""
+    assert flight._short("/work/ddp-cluster/docker/bench/fault_job.py") == "docker/bench/fault_job.py"
+    assert flight._short("/work/ddp-cluster/app/train/trainer.py") == "app/train/trainer.py"
+    assert flight._short("/job/fault_job.py") == "/job/fault_job.py"  # a --script in a node: its folder at /job
+
+
 def test_dumps_of_a_backend_the_analysis_refuses_are_read_under_nccls_name_and_named_back(tmp_path) -> None:
     # torch < 2.13 refuses gloo's dumps so ("name formatting error? gloo != 'nccl' or 'xccl'"); every torch refuses
     # a name it does not know, which puts this test on the same path on any torch.

@@ -163,7 +163,7 @@ def test_a_node_below_its_start_figures_is_kept_out_with_one_line_and_exit_3(tmp
 
 def test_a_node_kept_out_is_judged_again_against_the_records_as_they_are_then(tmp_path, monkeypatch, capsys) -> None:
     """With --retry-every, each try reads the records again: a record rewritten while the node waits counts (a test
-    sets the job's figures with tests/rigs/gate_figures.py; a job's figures can change while a node is out)."""
+    sets the job's figures with docker/bench/gate_figures.py; a job's figures can change while a node is out)."""
     records = tmp_path / "gate"
     cfg = GateConfig(records=records, device_seconds=0.2, retry_every=0.01)
     monkeypatch.setattr(gate, "measure", lambda *_: [cpu(50e9)])  # this node, whatever the machine does

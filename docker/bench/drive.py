@@ -1,6 +1,6 @@
 """Drive the compose cluster through faults: start a job of the fault job (fault_job.py), wait for its
-marker, act on a container, and read what came back. Used by tests/docker/test_faults.py and by
-``make bench-faults`` (bench.py).
+marker, act on a container, and read what came back. Used by the container tests (tests/docker/) and by
+``make bench-faults`` and ``make bench-straggler`` (faults.py, straggler.py).
 
     run = FaultRun("ddpt-1234", Path("/tmp/results"), "ddp-cluster-test:cpu")
     proc = run.start(["--fault-at-step", "25", "--fault-rank", "3", "--slow-ms", "500"])
@@ -31,10 +31,12 @@ from app.diagnostics.gate_config import GateConfig
 from app.orchestrate import engine as docker_engine
 from app.orchestrate import runner
 from app.topology import compose
-from tests.rigs import gate_figures
+from bench import gate_figures
 
-ROOT = Path(__file__).resolve().parents[3]
-JOB = "tests/rigs/faults/fault_job.py"
+ROOT = Path(__file__).resolve().parents[2]
+JOB = str(Path(__file__).resolve().with_name("fault_job.py").relative_to(ROOT))
+"""The fault job as ``--script`` names it, from the checkout's root: the runner mounts its folder (this package's) at
+/job in every node."""
 OUT = "/results/f"
 """The job's --out in the results volume."""
 MARKER = f"{OUT}/fault.json"

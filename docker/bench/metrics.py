@@ -2,7 +2,7 @@
 test (no assertions).
 
     make bench-metrics                                       # 3 pairs, ~4 min on 2 cores
-    python -m tests.rigs.metrics.bench --pairs 5 --epochs 300 --scrape-every 0.5 --json build/bench-metrics.json
+    PYTHONPATH=docker:. python -m bench.metrics --pairs 5 --scrape-every 0.5 --json build/bench-metrics.json
 
 One node agent (``python -m app node``, as the image's ddp-node runs it) trains digits on 2 local ranks (gloo), the
 same job each time, alternately without ``--serve-metrics`` and with it while a scraper reads ``/metrics`` every
@@ -24,7 +24,7 @@ import threading
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
@@ -68,7 +68,7 @@ def one_run(folder: Path, serve: bool, epochs: int, scrape_every: float) -> dict
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.metrics", description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=3, help="runs of each side, alternately (default 3)")
     parser.add_argument("--epochs", type=int, default=300, help="digits epochs per run (default 300)")
     parser.add_argument("--scrape-every", type=float, default=0.5, help="seconds between scrapes (default 0.5)")

@@ -1,7 +1,7 @@
 """``make bench-straggler``: what a straggler's eviction gives a job. A benchmark (figures and a picture), not a test.
 
     make bench-straggler                                    # IMAGE_NAME=... picks the image, as for cluster-up (~6 min)
-    python -m tests.rigs.straggler.bench --image ddp-cluster:cpu --throttle-s 40 --png docs/straggler.png
+    PYTHONPATH=docker:. python -m bench.straggler --image ddp-cluster:cpu --throttle-s 40 --png docs/straggler.png
 
 The compose cluster of 3 nodes x 1 rank (--min-nodes 2), digits at global batch 96 (16 x 3 ranks x accum 2; 2 ranks:
 accum 3), runs the same job three times: the 2-node job alone (the healthy rate of the nodes that remain), then 3
@@ -26,7 +26,7 @@ import time
 import uuid
 from pathlib import Path
 
-from tests.rigs.faults.drive import CFS_PERIOD_US, OUT, ROOT, FaultRun, explain
+from bench.drive import CFS_PERIOD_US, OUT, ROOT, FaultRun, explain
 
 SPEC = ["--nproc-per-node", "1", "--min-nodes", "2", "--max-restarts", "10"]
 
@@ -129,7 +129,7 @@ def picture(without: dict, evicting: dict, path: Path) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.straggler", description=__doc__.split("\n")[0])
     parser.add_argument("--image", required=True, help="the workload image (make's IMAGE_NAME:cpu)")
     parser.add_argument("--epochs", type=int, default=600, help="digits epochs of each run (default 600)")
     parser.add_argument("--at-step", type=int, default=200, help="the step the throttle starts at (default 200)")

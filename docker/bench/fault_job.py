@@ -1,14 +1,14 @@
-"""The fault job of the fault suite and its benchmark: ``python -m app train`` exactly as the command
+"""The fault job of the fault suite and the benchmarks: ``python -m app train`` exactly as the command
 line runs it, plus fault hooks.
 
-    python -m app cluster up --script tests/rigs/faults/fault_job.py \\
+    python -m app cluster up --script docker/bench/fault_job.py \\
         --args '--marker /results/x/fault.json --fault-at-step 30 --fault-rank 3 --slow-ms 500 -- --out /results/x ...'
-    python tests/rigs/faults/fault_job.py --marker m.json --fault-at-step 6 --fault-rank 2 --stall -- <train flags>
+    python docker/bench/fault_job.py --marker m.json --fault-at-step 6 --fault-rank 2 --stall -- <train flags>
 
 Used by the fault suite (tests/docker/test_faults.py), the hang and straggler tests
-(tests/integration/test_train_health.py) and ``make bench-faults``. The flags before ``--`` are
-the hooks'; the rest are app train's. Runs through ``app.cli.main`` (one-line errors, per-rank
-logs) with ``app.train.main.train`` given one more step hook. The product has no fault flags.
+(tests/integration/test_train_health.py), ``make bench-faults`` and ``make bench-straggler``. The flags
+before ``--`` are the hooks'; the rest are app train's. Runs through ``app.cli.main`` (one-line errors,
+per-rank logs) with ``app.train.main.train`` given one more step hook. The product has no fault flags.
 
 Hooks, on the first attempt only (the process found no --marker when it started):
   at --fault-at-step, rank --fault-rank writes --marker (JSON: step, rank, host, pid, time), then

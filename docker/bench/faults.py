@@ -1,7 +1,7 @@
 """``make bench-faults``: how fast the compose cluster heals. A benchmark (figures), not a test (no assertions).
 
     make bench-faults                                    # IMAGE_NAME=... picks the image, as for cluster-up
-    python -m tests.rigs.faults.bench --image ddp-cluster:cpu --epochs 300 --json build/bench-faults.json
+    PYTHONPATH=docker:. python -m bench.faults --image ddp-cluster:cpu --epochs 300 --json build/bench-faults.json
     make bench-faults BENCH_FAULTS_ARGS='--min-nodes 1'   # elastic: the head trains on alone meanwhile
     make bench-faults BENCH_FAULTS_ARGS='--pairs 2'       # 2 runs of each, alternately (~18 min)
 
@@ -39,7 +39,7 @@ import docker
 
 from app import contract, events
 from app.orchestrate import engine, job
-from tests.rigs.faults.drive import OUT, FaultRun, explain
+from bench.drive import OUT, FaultRun, explain
 
 FIRST_STEPS = f"{OUT}/first-steps.jsonl"
 KILL_A_TRAINING_PROCESS = (
@@ -152,7 +152,7 @@ UNDISTURBED, FAULTED = "undisturbed", "one fault per minute"
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.rigs.faults.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.faults", description=__doc__.splitlines()[0])
     parser.add_argument("--image", default=contract.image(0), help="workload image (default: %(default)s)")
     parser.add_argument("--epochs", type=int, default=600, help="epochs of digits (2-3 minutes undisturbed)")
     parser.add_argument("--fault-every", type=float, default=60.0, metavar="S", help="seconds between faults")

@@ -1,6 +1,7 @@
 """The job's figures that every node's health gate judges against (app/diagnostics/gate.py: the best of the records
 in its records folder), set by a test: a cause that no load can shrink, where a CPU quota against figures measured
-under load is a race with the machine.
+under load is a race with the machine. Here, beside the fault job's driver (drive.py), which starts every job of the
+tests and the benchmarks with the gate flags QUICK.
 
     set_figures(Path("/tmp/x/gate"), KEEP_OUT)   # every node's next judgment keeps it out
     set_figures(Path("/tmp/x/gate"), LET_IN)     # ... lets it in
@@ -26,7 +27,7 @@ FAIL_BELOW = 1e-6
 the best figure recorded at the job's start passes, whatever the load when each node measured, and KEEP_OUT still
 keeps every node out (a millionth of it is 1e12 FLOP/s). Every gate verdict of make test is then the test's figures'."""
 QUICK = ("--gate-seconds", f"{GATE_SECONDS:g}", "--gate-fail-below", f"{FAIL_BELOW:g}")
-"""``app cluster up``'s gate flags in the container tests (a test's own, given after them, win)."""
+"""``app cluster up``'s gate flags in the container tests and the benchmarks (a test's own, given after them, win)."""
 QUICK_MAKE = (f"GATE_SECONDS={GATE_SECONDS:g}", f"GATE_FAIL_BELOW={FAIL_BELOW:g}")
 """The same as make's knobs (mk/cluster.mk)."""
 QUICK_SPEC = {"gate_seconds": GATE_SECONDS, "gate_fail_below": FAIL_BELOW}
