@@ -8,7 +8,7 @@ A rank's busy time is its wall time less the time it waited in the gradient all-
 --cpus``) that runs out while the all-reduce is under way does not show in it: every rank waits alike there, the
 throttled one included (tests/unit/golden/evict/README.md). The kernel counts, for each thread, the time it was
 runnable but not running (the second figure of /proc/self/task/<tid>/schedstat, ``run_delay``): a throttled
-container's collective threads wait that long for their quota, while on an equally busy machine every rank's wait
+container's collective threads wait that long for their quota, while on an equally busy machine every rank waits
 about alike. ``CommStall.since_last`` is the longest such wait of one of the backend's threads (gloo's, by name:
 they run at once, so their waits overlap) since its last call. Where the kernel keeps no such count (not Linux,
 sched_info off) it reads 0.

@@ -270,7 +270,7 @@ class Watch:
         else:
             rows = [mine]
         self.exchanged_at = step
-        self.new_window()
+        self.window = Window(time.perf_counter())  # (the stall's count restarted with its read above)
         table = torch.stack(rows).tolist()  # one read of the device
         record, line = analyse(table, self.hosts, step, self.cfg.straggler_percent)
         if not self._namer.name(record["slowest_rank"] if line else None):
