@@ -1,5 +1,5 @@
 """A straggler's eviction from a running job: which node leaves, decided from rank 0's exchanges of step times
-(``events.EXCHANGE``, every --exchange-every steps of app train), the facts the cluster runner reads.
+(``events.EXCHANGE``, every --exchange-every steps of app train), which every rank gets whole.
 
     python -m app cluster up --nodes 3 --nproc-per-node 1 --min-nodes 2 --command 'train --accum-steps 2 ...'
     python -m app cluster up ... --evict-factor 3 --evict-after 5      # a stricter policy; --evict-factor 0: never
@@ -11,25 +11,27 @@ nodes: 1.5 of 3 nodes). The step is set by the slowest node, so that ratio is ab
 step by. The node is evicted when the median of that ratio over the last 2 x ``--evict-after`` - 1 exchanges is
 ``--evict-factor`` or more (``--evict-after`` of them at least that high): a median over several exchanges, so that
 a loaded machine's spike is no verdict, and a CPU throttle, which shows in busy time at most exchanges, not at all
-(at the others its quota runs out inside the all-reduce, where every rank waits alike), still is. The runner then
-stops its container (``runner``): the others lose it at a step, keep that step in their snapshot and go on at the
-same global batch (app/train/resize.py), while its gate measures it again every few seconds and lets it back in once
-it passes. Nothing is evicted while the job has ``--min-nodes`` nodes or fewer, nor when the global batch would not
+(at the others its quota runs out inside the all-reduce, where every rank waits alike), still is. Its ranks then
+leave: the others lose it at a step, keep that step in their snapshot and go on at the same global batch
+(app/train/resize.py), while its agent's gate measures it again every few seconds and lets it back in once it
+passes. Nothing is evicted while the job has ``--min-nodes`` nodes or fewer, nor when the global batch would not
 divide among the ranks left (the resize would refuse it); a node evicted again soon after its return waits longer
 each time before its gate judges it (``backoff``), so a node that flaps cannot hold the job in rendezvous rounds.
 
-Where no runner watches the job (torchrun alone, Slurm, Kubernetes), each node's agent evicts its own node
-(app/node/command.py, ``--evict-factor``, which the renderings pass where the job is elastic): every rank gets the
-whole table at each exchange, so every rank runs this same ``Watch`` and reaches the same verdict at the same
-step. The straggler's ranks then leave with status ``LEFT`` and its agent leaves the rendezvous round without
-closing it; the others' next collective fails, they keep that step and their agents start a round without it
-(status ``PEER_LEFT``: a restart that torchrun's --max-restarts does not count).
+On every engine (compose, torchrun alone, Slurm, Kubernetes) each node's agent evicts its own node
+(app/node/command.py, ``--evict-factor``, which every rendering passes where the job is elastic; the ``Policy`` is
+built there once and handed whole to each rank): every rank gets the whole table at each exchange, so every rank
+runs this same ``Watch`` and reaches the same verdict at the same step; rank 0 writes it to the job's events
+(``evicted``), which the compose runner says. The straggler's ranks then leave with status ``LEFT`` and its agent
+leaves the rendezvous round without closing it; the others' next collective fails, they keep that step and their
+agents start a round without it (status ``PEER_LEFT``: a restart that torchrun's --max-restarts does not count).
 
     python -m app node --evict-factor 2 --evict-after 4 -- --nnodes 2:3 --rdzv-backend c10d ... -m app train
 """
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from dataclasses import fields as dataclass_fields
 
 from app.batch import keeps
 from app.errors import UsageError
@@ -53,36 +55,31 @@ RECENT_S = 300.0
 """A return that recent makes the next eviction a repeat (its wait doubles); later, the count starts afresh."""
 
 
-def check(factor: float, after: int) -> None:
-    """The policy's values are valid (UsageError: one line that names the flag)."""
-    if factor and factor <= 1:
-        raise UsageError(
-            f"--evict-factor {factor:g} must be above 1 (a node busy that many times the others' share of its work "
-            "per step, which its leaving would shorten the step by, is evicted), or 0: never evict"
-        )
-    if after < 1:
-        raise UsageError(f"--evict-after {after} must be >= 1")
-
-
 @dataclass(frozen=True)
 class Policy:
-    """A node agent's policy, told to its ranks (``launcher.export_eviction``): ``FACTOR:AFTER:MIN_NODES``."""
+    """A job's straggler policy, built once from the spec's values (``ClusterSpec.nodes.eviction``, or app node's
+    flags) and handed on whole: from app node to each rank it forks (``agent.Job.eviction``), which evicts its own
+    node by it (``watch()``). Its values are checked here, the one place (UsageError: one line naming the flag)."""
 
     factor: float
     after: int
     min_nodes: int
 
-    def text(self) -> str:
-        return f"{self.factor:g}:{self.after}:{self.min_nodes}"
+    def __post_init__(self) -> None:
+        if self.factor <= 1:
+            raise UsageError(
+                f"--evict-factor {self.factor:g} must be above 1 (a node busy that many times the others' share of its "
+                "work per step, which its leaving would shorten the step by, is evicted), or 0: never evict"
+            )
+        if self.after < 1:
+            raise UsageError(f"--evict-after {self.after} must be >= 1")
+        if self.min_nodes < 1:
+            raise UsageError(f"--min-nodes {self.min_nodes} must be >= 1 (the fewest nodes the job goes on with)")
 
     @classmethod
-    def parse(cls, text: str) -> "Policy":
-        """The policy of ``text`` (ValueError when it is not ``FACTOR:AFTER:MIN_NODES``)."""
-        factor, after, min_nodes = text.split(":")
-        policy = cls(float(factor), int(after), int(min_nodes))
-        if policy.factor <= 1 or policy.after < 1 or policy.min_nodes < 1:
-            raise ValueError(text)
-        return policy
+    def of(cls, factor: float, after: int, min_nodes: int) -> "Policy | None":
+        """The policy of these values; None for ``factor`` 0 (never evict)."""
+        return cls(factor, after, min_nodes) if factor else None
 
     def watch(self) -> "Watch":
         return Watch(self.factor, self.after, self.min_nodes, who="train")
@@ -111,9 +108,15 @@ class Eviction:
     accum_left: int
 
     def fields(self) -> dict:
-        """Its figures in the job's ``evicted`` event (app/events.py)."""
-        return {"factor": round(self.factor, 2), "exchanges": self.exchanges, "window": self.window,
-                "window_s": self.window_s}  # fmt: skip
+        """Its figures in the job's ``evicted`` event (app/events.py; its node is the record's ``evicted``)."""
+        return {k: round(v, 2) if k == "factor" else v for k, v in asdict(self).items() if k != "node"}
+
+    @classmethod
+    def of(cls, record: dict) -> "Eviction":
+        """The eviction an ``evicted`` event records (``fields``), as the ranks decided it."""
+        return cls(
+            str(record["evicted"]), **{f.name: record[f.name] for f in dataclass_fields(cls) if f.name != "node"}
+        )
 
     def line(self, backoff_s: float, who: str = "cluster") -> str:
         """``cluster: node X evicted: busy 4.1x the others' share without it ...; the job goes on with ...``."""

@@ -90,6 +90,8 @@ class Job:
     environment: tuple[tuple[str, str], ...] = ()
     """What this process set in its environment after its fork server started (torchrun's OMP_NUM_THREADS, the
     survivors' store): a new process per rank would inherit it; a fork sets it first."""
+    eviction: evict.Policy | None = None
+    """The straggler policy by which the rank evicts its own node (app node's, handed on whole)."""
 
     def words(self) -> list[str]:
         return ["-m", self.target, *self.args] if self.module else [self.target, *self.args]
@@ -105,19 +107,30 @@ class Launch:
     args: tuple
 
 
-def prepare(args: argparse.Namespace, entrypoint: Callable[[Job], None] | None, server: Server | None) -> Launch:
-    """The launch of parsed torchrun ``args``: each rank runs ``entrypoint(job)`` in a fork of ``server``; None
-    (or ``--no-python``): torchrun's own launch, a new process per rank."""
+def prepare(
+    args: argparse.Namespace,
+    entrypoint: Callable[[Job], None] | None,
+    server: Server | None,
+    eviction: evict.Policy | None = None,
+) -> Launch:
+    """The launch of parsed torchrun ``args``: each rank runs ``entrypoint(job)`` in a fork of ``server``, given the
+    straggler policy ``eviction``; None (or ``--no-python``): torchrun's own launch, a new process per rank, which
+    no policy reaches (UsageError when one is given)."""
     try:
         config, cmd, cmd_args = torch_elastic.launch_config(args)
     except (AssertionError, ValueError) as error:  # torchrun's checks of its values
         _refuse(str(error) or type(error).__name__)
     if entrypoint is None or server is None or args.no_python:
+        if eviction is not None:
+            raise UsageError(
+                "--evict-factor needs app node's forked ranks, which run the straggler policy: leave out --no-fork "
+                "and --no-python, or give --evict-factor 0"
+            )
         return Launch(config, cmd, tuple(cmd_args))
     config.start_method = START_METHOD
     rest = cmd_args[cmd_args.index(args.training_script) + 1 :]  # after the script: --local-rank when asked
     since = tuple(sorted(kv for kv in launcher.environment().items() if server.environment.get(kv[0]) != kv[1]))
-    return Launch(config, entrypoint, (Job(args.training_script, bool(args.module), tuple(rest), since),))
+    return Launch(config, entrypoint, (Job(args.training_script, bool(args.module), tuple(rest), since, eviction),))
 
 
 def launch(run: Launch, evicting: bool = False) -> dict:

@@ -72,13 +72,12 @@ class NodeConfig:
     (the image's ddp-node does, on every engine)."""
     metrics_port: int = contract.METRICS_PORT
     """The port of --serve-metrics, on the node's --local-addr (else every address of the node)."""
-    evict_factor: float = 0.0
+    evict_factor: float | None = None
     """Evict this node from the running job when its ranks are busy per step this many times what the other nodes' would
     be without it (their median rank's x their share of its work), the median of the last 2 x --evict-after - 1
     exchanges of step times (app/evict.py): it leaves at a step the others keep, its gate judges it again every
-    --retry-every seconds and it joins the next round once it passes. Needs --nnodes MIN:MAX (c10d). 0: never (the
-    default: on the compose cluster its runner evicts; the renderings for Slurm and Kubernetes pass the spec's
-    policy)."""
+    --retry-every seconds and it joins the next round once it passes. Needs --nnodes MIN:MAX (c10d). 0 or not
+    given: never (every engine's rendering gives the spec's policy, render.node_args)."""
     evict_after: int = evict.AFTER
     """Exchanges at which this node must be that slow, of the last 2 x this - 1 (so that their median is), before
     it leaves."""
@@ -110,10 +109,9 @@ def run(args: argparse.Namespace) -> int:
     launcher.export_store_per_round()  # a node that comes back joins a later round (every engine)
     if store := survivors_store(parsed):
         launcher.export_survivors_store(store)
-    if policy := eviction(node, parsed):
-        launcher.export_eviction(policy)
+    policy = eviction(node, parsed)
     launcher.export_node_range(*torch_elastic.nnodes_range(parsed.nnodes))  # a round of fewer: no world of one
-    launch = agent.prepare(parsed, rank_main, server)  # (torch here read its threads already)
+    launch = agent.prepare(parsed, rank_main, server, policy)  # (torch here read its threads already)
     host, port, serves = gate.rendezvous_of(parsed)
     where = (host, port, serves) if port else None  # port 0 (--standalone): nothing to reach
     gate.admit(gate_cfg, where)
@@ -136,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
             gate.admit(gate_cfg, where, rejoining=True)  # kept out while slow (exit 3 without --retry-every)
             returned_at = time.time()
             print("node: rejoins the job at its next rendezvous round", flush=True)
-            launch = agent.prepare(parsed, rank_main, server)
+            launch = agent.prepare(parsed, rank_main, server, policy)
         except SignalException as error:  # docker stop, Slurm, Kubernetes: torch's agent stopped the ranks (its line)
             raise Stopped("", 128 + error.sigval) from None
         except RendezvousError as error:
@@ -144,21 +142,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def eviction(node: NodeConfig, parsed: argparse.Namespace) -> evict.Policy | None:
-    """The straggler policy that this node's ranks apply to it (None: --evict-factor 0); UsageError for a policy
-    that cannot act: the job has a fixed number of nodes."""
-    evict.check(node.evict_factor, node.evict_after)
+    """The straggler policy that this node's ranks apply to it (None: no --evict-factor, or 0), built once here and
+    handed to them whole; UsageError for bad values or a policy that cannot act: the job has a fixed number of
+    nodes."""
     if not node.evict_factor:
         return None
     from torch.distributed.run import parse_min_max_nnodes
 
     least, most = parse_min_max_nnodes(parsed.nnodes)
+    policy = evict.Policy(node.evict_factor, node.evict_after, least)
     if least >= most or parsed.rdzv_backend != "c10d":
         raise UsageError(
             f"--evict-factor {node.evict_factor:g} needs an elastic job, torchrun's --nnodes MIN:MAX with MIN below "
             f"MAX and --rdzv-backend c10d (this one: --nnodes {parsed.nnodes}, {parsed.rdzv_backend}): a job of a "
             "fixed number of nodes cannot go on without one; give --evict-factor 0"
         )
-    return evict.Policy(node.evict_factor, node.evict_after, least)
+    return policy
 
 
 def evicted(wait: float, retry_every: float) -> str:
@@ -222,6 +221,7 @@ def rank_main(job: agent.Job) -> None:
     import torch
 
     launcher.set_environment(dict(job.environment))
+    launcher.hand_eviction(job.eviction)
     name_process(f"python -u {' '.join(job.words())} [rank {launcher.identity().rank}]")
     if threads := launcher.cpu_threads():
         torch.set_num_threads(threads)  # as a new interpreter would read OMP_NUM_THREADS (the server read none)

@@ -133,24 +133,11 @@ class Run:
     ended_by: str = ""
     """The container whose end ended the job ('' when the runner ended it)."""
     notes: list[str] = field(default_factory=list)
-    evicting: dict[str, float] = field(default_factory=dict)
-    """Node containers stopped by an eviction -> seconds each waits before it is started again (its gate)."""
-    to_stop: list[str] = field(default_factory=list)
-    """Node containers an eviction takes out of the job, not yet stopped (``take_evicted``)."""
     since: list[dict] = field(default_factory=list)
     """The job's records since it last ran: what the next resume was (``job_state.resume_kind``)."""
     stopped_ranks: set[int] = field(default_factory=set)
     """Ranks whose error said their peers were stopped by their launcher (``events.PEERS_STOPPED``)."""
-    returned: dict[str, tuple[float, float]] = field(default_factory=dict)
-    """Node -> when it was last started again after an eviction, and the wait it had then (``evict.backoff``)."""
-    watch: evict.Watch | None = None
-    """The straggler policy of the spec (``--evict-factor``), fed every exchange of step times."""
     lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def __post_init__(self) -> None:
-        n = self.spec.nodes
-        if self.spec.job.launcher != "mpirun" and n.elastic and n.evict_factor:
-            self.watch = evict.Watch(n.evict_factor, n.evict_after, n.min_nodes)
 
     @property
     def main_container(self) -> str:
@@ -232,33 +219,8 @@ class Run:
             self.resumed(progress.Resumed(int(record["from_step"]), record.get("checkpoint"), record.get("reached")))
         elif kind == events.GATE:
             self.gated(node, record)
-        elif kind == events.EXCHANGE and self.watch is not None:
-            self.paced(record)
-
-    def paced(self, record: dict) -> None:
-        """An exchange of step times: a straggler past the spec's policy leaves the job (``evict``)."""
-        found = self.watch.feed(record)
-        if isinstance(found, str):
-            self.say(found)
-        elif found is not None and not self.ended.is_set():
-            name = self.container_of(found.node)
-            returned_at, last_wait = self.returned.get(name, (None, 0.0))
-            wait = evict.backoff(time.time(), returned_at, last_wait)
-            with self.lock:
-                if name in self.evicting:
-                    return
-                self.evicting[name] = wait
-            self.say(found.line(wait))
-            events.write(events.EVICTED, events_file=compose.events_file(self.folder), evicted=name, **found.fields(),
-                         backoff_s=wait)  # fmt: skip
-            with self.lock:
-                self.to_stop.append(name)  # the supervisor stops its container (``supervise.read_events``)
-
-    def take_evicted(self) -> list[str]:
-        """The node containers evicted since the last call, to stop (the supervisor's work, not the state's)."""
-        with self.lock:
-            taken, self.to_stop = self.to_stop, []
-        return taken
+        elif kind == events.EVICTED:  # the ranks' verdict: the evicted node's agent takes it out of the job
+            self.say(evict.Eviction.of(record).line(0))
 
     def worker_failed(self, node: str, record: dict) -> None:
         """A node's agent saw a rank's process end (torchelastic's ``ProcessFailure``)."""

@@ -1,14 +1,14 @@
 """What a compose job's runner does while the job runs, as an engine would elsewhere: it reads the job's events
 file into the job's state (``read_events``), starts again a node container that was lost (``watch_nodes``:
-Docker's restart policy, bounded by --max-restarts) or evicted (``_readmit``, once its wait is over), and ends the
-job when a node's agent or mpirun's launcher ends, or the rendezvous store is lost.
+Docker's restart policy, bounded by --max-restarts), and ends the job when a node's agent or mpirun's launcher ends,
+or the rendezvous store is lost. What becomes of a node (its gate, its ranks' restarts, a straggler's eviction and
+return) is its agent's, as on every engine (app/node).
 
     threading.Thread(target=watch_nodes, args=(run, stop, since)).start()    # app/orchestrate/runner.py
 """
 
 import json
 import threading
-import time
 
 from app import events
 from app.orchestrate import engine
@@ -21,8 +21,7 @@ EVENTS_EVERY_S = 0.5
 
 def read_events(run: Run, stop: threading.Event, offset: int) -> None:
     """The job's events file (``app.events``) from ``offset`` (its length when the job started): each new record
-    logged and taken (``Run.on_event``), and the container of a node it evicts stopped; once the job is over, one
-    last read."""
+    logged and taken (``Run.on_event``); once the job is over, one last read."""
     path = compose.events_file(run.folder)
     while True:
         last = stop.is_set()
@@ -30,8 +29,6 @@ def read_events(run: Run, stop: threading.Event, offset: int) -> None:
         for record in records:
             run.log(f"event: {json.dumps(record)}")
             run.on_event(record)
-            for name in run.take_evicted():  # out of the job: its gate judges it when _readmit starts it again
-                threading.Thread(target=engine.stop, args=(name, compose.STOP_GRACE_S), daemon=True).start()
         if last:
             return
         stop.wait(EVENTS_EVERY_S)
@@ -60,26 +57,8 @@ def watch_nodes(run: Run, stop: threading.Event, since: float) -> None:
             run.store_lost(name, code)
         elif service == compose.LAUNCHER or (torchrun and service in run.nodes and not lost):
             run.end(code, name)
-        elif name in run.evicting:
-            threading.Thread(target=_readmit, args=(run, name, stop), daemon=True).start()
         elif service in run.nodes and (lost or code != 0):
             _restart_node(run, name, code, stop, by_docker)
-
-
-def _readmit(run: Run, name: str, stop: threading.Event) -> None:
-    """Start an evicted node again once its wait is over: its gate judges it, keeps it out while it is slow and lets
-    it join the next rendezvous round once it passes (the world grows back)."""
-    with run.lock:
-        wait = run.evicting.get(name, 0.0)
-    if stop.wait(wait) or run.ended.is_set():
-        return
-    with run.lock:
-        run.evicting.pop(name, None)
-        run.returned[name] = (time.time(), wait)
-    run.log(f"cluster: starting {name} again after its eviction (waited {wait:g} s)")
-    if not engine.start(name) and not engine.running(name):
-        run.gone.add(name)
-        run.say(f"cluster: {name} is gone (it cannot be started again after its eviction)")
 
 
 def _restart_node(run: Run, name: str, code: int, stop: threading.Event, by_docker: bool) -> None:
@@ -101,8 +80,8 @@ def _restart_node(run: Run, name: str, code: int, stop: threading.Event, by_dock
     events.write(events.NODE_LOST, events_file=compose.events_file(run.folder), lost=name, exitcode=code)
     run.failure(CONTAINER, f"{which} stopped with {describe_status(code)}")
     run.log(f"cluster: starting {name} again (container restart {run.restarts} of {limit})")
-    if not by_docker:
-        time.sleep(POLICY_S)  # Docker's restart policy brings back a crashed container by itself
+    if not by_docker and stop.wait(POLICY_S):  # Docker's restart policy brings back a crashed container by itself
+        return
     if not stop.is_set() and not engine.running(name) and not engine.start(name) and not engine.running(name):
         run.gone.add(name)
         if going_on:

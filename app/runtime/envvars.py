@@ -38,10 +38,6 @@ STORE_PER_ROUND = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 node the bootstrap address of the first round only, which the new node cannot read (it waits until the join
 timeout; on Slurm the other agents then failed waiting 60 s for its role_info)."""
 
-EVICTION = "DDP_CLUSTER_EVICTION"
-"""``FACTOR:AFTER:MIN_NODES``: the straggler policy of app node's --evict-factor, which its ranks apply to their own
-node at each exchange of step times (app/evict.py); unset: they evict nothing."""
-
 NODE_RANGE = "DDP_CLUSTER_NODE_RANGE"
 """``MIN:MAX``: torchrun's --nnodes as app node gave it to its agent, for its ranks. A round of an elastic job (MIN
 below MAX) may hold fewer nodes than the engine names (Slurm's SLURM_STEP_NUM_NODES still counts a node that died),

@@ -95,8 +95,8 @@ class ProcessInfo:
     """(host, port) of a store that outlives every node of the job (DDP_CLUSTER_SURVIVORS_STORE: app node's
     rendezvous store); None when the launcher names none."""
     eviction: evict.Policy | None = field(default=None, compare=False)
-    """The straggler policy that app node gave its ranks (DDP_CLUSTER_EVICTION): they evict their own node; None:
-    nothing is evicted from here (the compose cluster's runner does it)."""
+    """The straggler policy that app node handed this rank whole (``hand_eviction``): its ranks evict their own node
+    by it; None: nothing is evicted from here."""
     node_range: tuple[int, int] | None = field(default=None, compare=False)
     """(MIN, MAX): the nodes of the job as app node's torchrun was given them (--nnodes, DDP_CLUSTER_NODE_RANGE); None
     when the launcher names none."""
@@ -226,7 +226,7 @@ def _from_torchrun(env: Mapping[str, str]) -> dict:
         "torchelastic": envvars.TORCHELASTIC_RUN_ID in env,
         "agent_store": env.get(envvars.TORCHELASTIC_USE_AGENT_STORE) == "True",
         "survivors_store": _survivors_store(env),
-        "eviction": _eviction(env),
+        "eviction": _handed_eviction,
         "node_range": _node_range(env),
     }
 
@@ -240,20 +240,6 @@ def _survivors_store(env: Mapping[str, str]) -> tuple[str, int] | None:
     if not host or not port.isdigit():
         raise UsageError(f"{envvars.SURVIVORS_STORE}={value!r} must be HOST:PORT (app node sets it): unset it")
     return host, int(port)
-
-
-def _eviction(env: Mapping[str, str]) -> evict.Policy | None:
-    """DDP_CLUSTER_EVICTION as a policy; None when unset."""
-    value = env.get(envvars.EVICTION, "").strip()
-    if not value:
-        return None
-    try:
-        return evict.Policy.parse(value)
-    except ValueError:
-        raise UsageError(
-            f"{envvars.EVICTION}={value!r} must be FACTOR:AFTER:MIN_NODES (app node sets it from --evict-factor): "
-            "unset it"
-        ) from None
 
 
 def _node_range(env: Mapping[str, str]) -> tuple[int, int] | None:
@@ -442,9 +428,15 @@ def export_store_per_round() -> None:
     os.environ.update(envvars.STORE_PER_ROUND)
 
 
-def export_eviction(policy: evict.Policy) -> None:
-    """Tell the ranks this process starts to evict their own node by ``policy`` (``ProcessInfo.eviction``)."""
-    os.environ[envvars.EVICTION] = policy.text()
+def hand_eviction(policy: evict.Policy | None) -> None:
+    """This rank's straggler policy, as app node built it (a forked rank: from its ``agent.Job``): ``detect`` gives
+    it in ``ProcessInfo.eviction``."""
+    global _handed_eviction
+    _handed_eviction = policy
+
+
+_handed_eviction: evict.Policy | None = None
+"""The policy ``hand_eviction`` was given in this process."""
 
 
 def export_node_range(least: int, most: int) -> None:

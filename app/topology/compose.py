@@ -237,7 +237,7 @@ def node_files(spec: ClusterSpec) -> dict[str, str]:
     torchrun = dataclasses.replace(spec, rendezvous=store)
     return {
         "torchrun.args": " ".join(render.torchrun_args(torchrun, nodes)) + "\n",
-        contract.NODE_ARGS: " ".join(render.node_args(spec, evicting=False)) + "\n",  # the runner evicts
+        contract.NODE_ARGS: " ".join(render.node_args(spec)) + "\n",
         "cluster.env": render.render_env(torchrun, nodes),
         "hostfile": render.render_hostfile(mpi),
         "mpirun.args": " ".join([*render.mpirun_args(spec, mpi, f"{contract.CLUSTER_DIR}/hostfile"), *_events_to(mpi)])

@@ -93,17 +93,17 @@ def gate_args(spec: ClusterSpec) -> list[str]:
     return flags if n.gate_fail_below == contract.GATE_FAIL_BELOW else [*flags, f"--fail-below={n.gate_fail_below:g}"]
 
 
-def node_args(spec: ClusterSpec, evicting: bool = True) -> list[str]:
+def node_args(spec: ClusterSpec) -> list[str]:
     """``python -m app node``'s own flags, on every engine (compose's and Ansible's node.args, Kubernetes' ConfigMap,
     Slurm's command): the gate's (``gate_args``) and its ``--retry-every`` (a node kept out at the start, or evicted,
-    is judged again until it passes, and joins the job then); with ``evicting``, the spec's straggler policy, which
-    each node's agent applies to its own node where the job is elastic (``--min-nodes`` below ``--nodes``: a job of
-    a fixed size cannot go on without a node). Compose's runner evicts itself (``evicting=False``)."""
+    is judged again until it passes, and joins the job then); and the spec's straggler policy, which each node's
+    agent applies to its own node where the job is elastic (``--min-nodes`` below ``--nodes``: a job of a fixed size
+    cannot go on without a node)."""
     n = spec.nodes
     flags = [*gate_args(spec), f"--retry-every={contract.GATE_RETRY_S}"]
-    if not (evicting and n.elastic and n.evict_factor):
+    if not (n.elastic and (policy := n.eviction)):
         return flags
-    return [*flags, f"--evict-factor={n.evict_factor:g}", f"--evict-after={n.evict_after}"]
+    return [*flags, f"--evict-factor={policy.factor:g}", f"--evict-after={policy.after}"]
 
 
 def c10d_args(spec: ClusterSpec, endpoint: str, run_id: str) -> list[str]:

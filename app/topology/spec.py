@@ -149,6 +149,11 @@ class Nodes:
     """The health gate keeps a node out when a device figure is below this fraction of the job's figures at its
     start (app gate --fail-below): lower admits slower nodes."""
 
+    @property
+    def eviction(self) -> evict.Policy | None:
+        """The job's straggler policy (None: --evict-factor 0), which every node's agent is given (render.node_args)."""
+        return evict.Policy.of(self.evict_factor, self.evict_after, self.min_nodes)
+
     def __post_init__(self) -> None:
         _positive("--nodes", self.nodes)
         _positive("--nproc-per-node", self.nproc_per_node)
@@ -159,7 +164,7 @@ class Nodes:
                 f"--min-nodes {self.min_nodes} must be between 1 and --nodes {self.nodes}: the fewest nodes the "
                 f"job goes on with (--min-nodes {self.nodes}: all or none)"
             )
-        evict.check(self.evict_factor, self.evict_after)
+        _ = self.eviction  # its values checked where the policy is built
         if not self.gate_seconds > 0:
             raise UsageError(f"--gate-seconds {self.gate_seconds:g} must be a positive number of seconds, e.g. 1")
         contract.check_gate_fail_below(self.gate_fail_below, "--gate-fail-below")

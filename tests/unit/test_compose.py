@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app import cli, contract
+from app import cli, contract, evict
 from app.topology import compose, render
 from app.topology.spec import build
 
@@ -59,15 +59,15 @@ def test_the_nodes_get_rendered_files_not_the_spec(tmp_path):
     assert "MASTER_ADDR=demo-rendezvous-1\n" in files["node/cluster.env"]
     assert "MASTER_ADDR=demo-mpi-worker-1" in files["node/mpirun.args"], "mpirun's rank 0 serves its own store"
     assert "-x DDP_CLUSTER_EVENTS_FILE=/events/events.jsonl" in files["node/mpirun.args"]  # its ranks' events
-    assert files["node/node.args"] == f"--retry-every={contract.GATE_RETRY_S}\n", "the gate's alone (the runner evicts)"
+    assert files["node/node.args"] == f"--retry-every={contract.GATE_RETRY_S}\n", "the gate's alone (not elastic)"
 
 
 def test_the_specs_gate_seconds_and_fraction_reach_every_engines_node_agent() -> None:
     quick = build({"nodes": {"gate_seconds": 0.2, "gate_fail_below": 0.25, "min_nodes": 1}})
     gate = ["--device-seconds=0.2", "--fail-below=0.25", f"--retry-every={contract.GATE_RETRY_S}"]
-    assert compose.node_files(quick)[contract.NODE_ARGS] == " ".join(gate) + "\n"  # the gate's flags alone
-    assert render.node_args(quick)[:3] == gate  # every other engine's agents, then the policy
-    assert "--evict-factor=2" in render.node_args(quick)
+    policy = [f"--evict-factor={evict.FACTOR:g}", f"--evict-after={evict.AFTER}"]  # elastic: the agent evicts
+    assert compose.node_files(quick)[contract.NODE_ARGS] == " ".join([*gate, *policy]) + "\n"  # as on every engine
+    assert render.node_args(quick) == [*gate, *policy]
     assert render.node_args(build({"nodes": {"gate_seconds": 0.2, "gate_fail_below": 0.25}})) == gate  # not elastic
     assert render.gate_args(build({})) == []
 

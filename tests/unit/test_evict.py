@@ -87,29 +87,33 @@ def test_a_node_evicted_again_soon_after_its_return_waits_longer_each_time() -> 
     assert evict.backoff(1000.0, 1000.0 - evict.RECENT_S - 1, 120.0) == 0.0  # long ago: afresh
 
 
-def test_a_policy_travels_as_text_and_a_bad_one_is_refused() -> None:
+def test_a_policy_is_checked_where_it_is_built_and_off_is_none() -> None:
     policy = evict.Policy(3.5, 2, 2)
-    assert evict.Policy.parse(policy.text()) == policy and policy.text() == "3.5:2:2"
-    for bad in ("3", "1:2:2", "3:0:2", "3:2:0", "a:b:c"):
-        with pytest.raises(ValueError):
-            evict.Policy.parse(bad)
     watch = policy.watch()
     assert (watch.factor, watch.after, watch.min_nodes, watch.who) == (3.5, 2, 2, "train")
+    assert evict.Policy.of(0.0, 4, 2) is None and evict.Policy.of(3.5, 2, 2) == policy
 
 
 @pytest.mark.parametrize(
-    ("factor", "after", "said"),
+    ("factor", "after", "least", "said"),
     [
-        (0.5, 3, "--evict-factor 0.5 must be above 1 (a node busy that many times the others' share of its work "
-                 "per step, which its leaving would shorten the step by, is evicted), or 0: never evict"),
-        (1.0, 3, "--evict-factor 1 must be above 1"),
-        (3.0, 0, "--evict-after 0 must be >= 1"),
+        (0.5, 3, 2, "--evict-factor 0.5 must be above 1 (a node busy that many times the others' share of its work "
+                    "per step, which its leaving would shorten the step by, is evicted), or 0: never evict"),
+        (1.0, 3, 2, "--evict-factor 1 must be above 1"),
+        (3.0, 0, 2, "--evict-after 0 must be >= 1"),
+        (3.0, 2, 0, "--min-nodes 0 must be >= 1"),
     ],
 )  # fmt: skip
-def test_bad_policy_values_are_one_line_naming_the_flag(factor: float, after: int, said: str) -> None:
+def test_bad_policy_values_are_one_line_naming_the_flag(factor: float, after: int, least: int, said: str) -> None:
     with pytest.raises(UsageError, match=re.escape(said)):
-        evict.check(factor, after)
-    evict.check(0.0, 1)  # off
+        evict.Policy(factor, after, least)
+
+
+def test_an_evicted_event_holds_the_whole_verdict_that_the_runner_says_again() -> None:
+    watch = evict.Watch(factor=2.0, after=1, min_nodes=2)
+    found = watch.feed(exchange(0, [10, 10, 50]))
+    record = {"kind": "evicted", "evicted": found.node, "step": 8, **found.fields()}
+    assert evict.Eviction.of(json.loads(json.dumps(record))).line(0) == found.line(0)
 
 
 # --- the rule on recorded runs (golden/evict/README.md) ------------------------------------------------------------

@@ -29,14 +29,18 @@ def test_torchrun_environment() -> None:
     assert info.eviction is None  # app node gave no policy: the ranks evict nothing
 
 
-def test_app_nodes_eviction_policy_reaches_its_ranks_and_a_bad_one_is_one_line() -> None:
+def test_app_nodes_eviction_policy_reaches_its_ranks_whole_and_no_environment_variable_sets_it() -> None:
     from app import evict
+    from app.runtime import launcher
 
     env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "node0", "TORCHELASTIC_RUN_ID": "x"}
-    assert detect(env | {"DDP_CLUSTER_EVICTION": "3:2:2"}).eviction == evict.Policy(3.0, 2, 2)
-    for bad in ("3", "0.5:2:2", "3:0:2", "x:y:z"):
-        with pytest.raises(UsageError, match=f"DDP_CLUSTER_EVICTION='{bad}' must be FACTOR:AFTER:MIN_NODES"):
-            detect(env | {"DDP_CLUSTER_EVICTION": bad})
+    policy = evict.Policy(3.0, 2, 2)
+    launcher.hand_eviction(policy)  # what rank_main does with its Job's policy
+    try:
+        assert detect(env).eviction is policy
+    finally:
+        launcher.hand_eviction(None)
+    assert detect(env | {"DDP_CLUSTER_EVICTION": "3:2:2"}).eviction is None  # no text of it travels
 
 
 def test_app_nodes_range_of_nodes_reaches_its_ranks_and_a_bad_one_is_one_line() -> None:

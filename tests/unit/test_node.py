@@ -2,6 +2,7 @@
 and a fork server that never asks CUDA anything (a GPU started before the fork is unusable in the ranks)."""
 
 import json
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -91,8 +92,18 @@ def test_the_job_of_each_rank_is_torchruns_script_its_arguments_and_what_the_age
     assert (job.target, job.module, job.args) == ("app", True, ("check", "-v"))
     assert job.words() == ["-m", "app", "check", "-v"]
     assert job.environment == (("DDP_CLUSTER_SURVIVORS_STORE", "store:29500"),)  # a fork would miss it otherwise
+    assert job.eviction is None
     own = agent.prepare(agent.parse(["--standalone", "--nproc-per-node=2", "job.py", "a"]), node.rank_main, None)
     assert own.entrypoint == sys.executable and own.args == ("-u", "job.py", "a")  # torchrun's own launch
+
+
+def test_the_eviction_policy_is_handed_to_each_rank_whole_through_its_job_and_never_to_torchruns_own_launch() -> None:
+    policy = evict.Policy(3.0, 2, 2)
+    words = ["--nnodes=2:3", "--nproc-per-node=1", "--rdzv-backend=c10d", "--rdzv-endpoint=s:29500", "-m", "app"]
+    [job] = agent.prepare(agent.parse(words), node.rank_main, agent.Server({}), policy).args
+    assert pickle.loads(pickle.dumps(job)).eviction == policy  # as the fork server hands it to the rank
+    with pytest.raises(UsageError, match=r"--evict-factor needs app node's forked ranks.*leave out --no-fork"):
+        agent.prepare(agent.parse(words), node.rank_main, None, policy)
 
 
 @pytest.mark.parametrize(
@@ -205,7 +216,8 @@ def test_the_eviction_policy_acts_only_on_an_elastic_c10d_job(nnodes: str, backe
             node.eviction(cfg, parsed)
     else:
         assert node.eviction(cfg, parsed) == policy
-    assert node.eviction(node.NodeConfig(), parsed) is None  # the default: off (the compose runner evicts)
+    assert node.eviction(node.NodeConfig(), parsed) is None  # not given: off (every rendering gives the spec's)
+    assert node.eviction(node.NodeConfig(evict_factor=0.0), parsed) is None
     with pytest.raises(UsageError, match=r"--evict-after 0 must be >= 1"):
         node.eviction(node.NodeConfig(evict_factor=3.0, evict_after=0), parsed)
 

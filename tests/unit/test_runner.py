@@ -487,6 +487,7 @@ CUT_SHORT = (
     "their launcher ended them (SIGTERM); rank 0 kept step 123 in /r/f/checkpoints/emergency.pt"
 )
 REGROUP = ("demo-worker-1", None, events.REGROUP, {"why": "a node waits to join"})
+LEFT_LINE = "node demo-worker-1 left the job (evicted at step 16's exchange); rank 0 kept step 16 in emergency.pt"
 
 
 @pytest.mark.parametrize("agent_saw_it_fail", [False, True])
@@ -508,13 +509,17 @@ def test_a_node_that_joins_restarts_the_ranks_for_a_new_round_which_is_no_failur
 
 
 def test_an_evicted_nodes_leaving_is_said_as_such_though_the_agents_regroup_without_it(run, capsys):
-    """The runner stops the evicted node's container: its agent stops its ranks (SIGTERM), the others' all-reduce is
-    cut short, and the agent that reaches the next round second sees the other one waiting in it."""
-    evicted = ("host", None, events.EVICTED, {"evicted": "demo-worker-1", "factor": 4.0, "backoff_s": 0.0})
-    happen(run, evicted, failed("demo-worker-1", 1, 0, -15), error("demo-head-1", 0, CUT_SHORT,
-           reason=events.PEERS_STOPPED), REGROUP)  # fmt: skip
+    """The ranks evict worker-1 at an exchange (rank 0's ``evicted`` record): its ranks leave (status LEFT), the
+    others' next collective fails (status PEER_LEFT) and their agents regroup without it."""
+    found = evict.Eviction("demo-worker-1", 4.0, 4, 7, 12.0, 2.0, 2.0, 1, 2, 64, 2)
+    evicted = ("demo-head-1", 0, events.EVICTED, {"evicted": found.node, "step": 16, **found.fields()})
+    happen(run, evicted, failed("demo-worker-1", 1, 0, evict.LEFT), error("demo-head-1", 0, LEFT_LINE, 5,
+           reason=events.PEERS_LOST), failed("demo-head-1", 0, 0, evict.PEER_LEFT), REGROUP)  # fmt: skip
     happen(run, resumed())
-    assert capsys.readouterr().out.splitlines() == [f"cluster: the job goes on without demo-worker-1: {RESUMED}"]
+    assert capsys.readouterr().out.splitlines() == [
+        found.line(0),
+        f"cluster: the job goes on without demo-worker-1: {RESUMED}",
+    ]
     assert run.since == [] and run.resumed_as[job_state.RESTART] == 0
 
 
@@ -552,9 +557,14 @@ def test_a_lost_node_is_started_at_once_when_docker_stopped_it_else_after_the_re
 
     monkeypatch.setattr(engine, "running", running)
     monkeypatch.setattr(engine, "start", lambda name: done.append(("start", name)) or True)
-    monkeypatch.setattr(supervise.time, "sleep", lambda s: slept_now.append(s))
     slept_now: list[float] = []
-    supervise._restart_node(run, "demo-worker-1", 137, threading.Event(), by_docker)
+
+    class Stop(threading.Event):  # the job's stop event, which the supervisor waits on for Docker's policy
+        def wait(self, timeout: float | None = None) -> bool:
+            slept_now.append(timeout)
+            return False
+
+    supervise._restart_node(run, "demo-worker-1", 137, Stop(), by_docker)
     assert (done, slept_now) == (calls, slept) and run.restarts == 1 and not run.gone
 
 
@@ -649,21 +659,24 @@ def test_each_gate_verdict_of_the_streamed_head_is_one_line_the_runners_naming_t
     ]
 
 
-def test_the_state_evicts_a_paced_straggler_once_and_leaves_stopping_its_container_to_the_supervisor(tmp_path, capsys):
-    """An elastic job's exchanges (3 nodes x 1 rank, worker-2 busy 5x the others at every exchange: 3.3x their
-    share of its work without it): the state says
-    the eviction and writes it to the events, asking nothing of the engine; ``take_evicted`` hands its container
-    to the supervisor once."""
+def test_the_runner_says_the_ranks_eviction_and_decides_nothing_itself(tmp_path, capsys):
+    """An elastic job's exchanges (3 nodes x 1 rank, worker-2 busy 5x the others at every exchange) are no verdict of
+    the runner's: the nodes' agents evict (the ranks' policy, app/node). The ``evicted`` record that rank 0 writes is
+    said as the line the ranks decided, and the runner writes nothing and asks nothing of the engine."""
     spec = build({"job": {"name": "demo", "command": "train --accum-steps 2"}, "nodes": {"nodes": 3, "min_nodes": 2,
                   "nproc_per_node": 1}})  # fmt: skip
     state = job.Run(spec, tmp_path, tmp_path / "demo.log")
-    compose.events_file(state.folder).parent.mkdir(parents=True)  # rendered with the cluster's files
     hosts = ["demo-head-1", "demo-worker-1", "demo-worker-2"]
-    for at in range(evict.AFTER):  # the default policy: the median of the window at the factor or more
-        state.on_event({"time": float(at), "node": hosts[0], "rank": 0, "kind": events.EXCHANGE, "hosts": hosts,
-                        "busy_ms": [10.0, 10.0, 50.0], "world_size": 3, "global_batch": 96, "accum_steps": 2})  # fmt: skip
+    watch = spec.nodes.eviction.watch()  # what every rank runs
+    for at in range(evict.AFTER):
+        record = {"time": float(at), "node": hosts[0], "rank": 0, "kind": events.EXCHANGE, "hosts": hosts,
+                  "busy_ms": [10.0, 10.0, 50.0], "world_size": 3, "global_batch": 96, "accum_steps": 2}  # fmt: skip
+        state.on_event(record)
+        found = watch.feed(record)
+    assert capsys.readouterr().out == "" and not compose.events_file(state.folder).exists()
+    state.on_event({"time": 4.0, "node": hosts[0], "rank": 0, "kind": events.EVICTED, "evicted": found.node,
+                    "step": 16, **found.fields()})  # fmt: skip
     said = capsys.readouterr().out.splitlines()
-    assert len(said) == 1 and said[0].startswith("cluster: node demo-worker-2 evicted: busy 3.3x the others'"), said
-    written = [r for r in events.read(compose.events_file(state.folder))[0] if r["kind"] == events.EVICTED]
-    assert [r["evicted"] for r in written] == ["demo-worker-2"] and state.evicting == {"demo-worker-2": 0.0}
-    assert state.take_evicted() == ["demo-worker-2"] and state.take_evicted() == []
+    assert said == [found.line(0)] and said[0].startswith("cluster: node demo-worker-2 evicted: busy 3.3x the others'")
+
+
