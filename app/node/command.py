@@ -75,7 +75,8 @@ class NodeConfig:
     evict_factor: float | None = None
     """Evict this node from the running job when its ranks are busy per step this many times what the other nodes' would
     be without it (their median rank's x their share of its work), the median of the last 2 x --evict-after - 1
-    exchanges of step times (app/evict.py): it leaves at a step the others keep, its gate judges it again every
+    exchanges of step times, or busy and waiting for a CPU that many times while the job's step is longer than the
+    others alone would take (app/evict.py): it leaves at a step the others keep, its gate judges it again every
     --retry-every seconds and it joins the next round once it passes. Needs --nnodes MIN:MAX (c10d). 0 or not
     given: never (every engine's rendering gives the spec's policy, render.node_args)."""
     evict_after: int = evict.AFTER

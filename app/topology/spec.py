@@ -137,8 +137,10 @@ class Nodes:
     evict_factor: float = field(default=evict.FACTOR, metadata=used_by("compose", "slurm", "kubernetes"))
     """A straggler's eviction: a node whose ranks are busy per step this many times what the other nodes' would be
     without it (their median rank's, grown by their share of its work: 1.5 of 3 nodes), the median of the last
-    2 x --evict-after - 1 exchanges of step times, leaves the running job (while it has more than --min-nodes
-    nodes), which goes on at the same global batch; its gate takes it back once it passes. 0: never."""
+    2 x --evict-after - 1 exchanges of step times, or busy and waiting for a CPU that many times while the job's
+    step is longer than the others alone would take (its best x their share), leaves the running job (while it has
+    more than --min-nodes nodes), which goes on at the same global batch; its gate takes it back once it passes.
+    0: never."""
     evict_after: int = field(default=evict.AFTER, metadata=used_by("compose", "slurm", "kubernetes"))
     """Exchanges of step times (every --exchange-every steps of app train) at which a node must be that slow, of
     the last 2 x this - 1 (so that their median is), before its eviction."""

@@ -678,5 +678,3 @@ def test_the_runner_says_the_ranks_eviction_and_decides_nothing_itself(tmp_path,
                     "step": 16, **found.fields()})  # fmt: skip
     said = capsys.readouterr().out.splitlines()
     assert said == [found.line(0)] and said[0].startswith("cluster: node demo-worker-2 evicted: busy 3.3x the others'")
-
-
