@@ -12,5 +12,5 @@ bench-faults: image-cpu ## Recovery time, steps lost and training time ratio of 
 	PYTHONPATH=$(CURDIR)/docker:$(CURDIR) $(PY) -m bench.faults --image $(IMAGE_NAME):cpu $(BENCH_FAULTS_ARGS)
 
 .PHONY: bench-straggler
-bench-straggler: image-cpu ## Samples/s of 3 nodes with one held to a quarter of its share, with and without its eviction; build/bench-straggler.png (~6 min).
+bench-straggler: image-cpu ## Samples/s of 3 nodes with one held at --cpus 0.17 and 0.25, with and without its eviction; build/bench-straggler.png (~11 min).
 	PYTHONPATH=$(CURDIR)/docker:$(CURDIR) $(PY) -m bench.straggler --image $(IMAGE_NAME):cpu

@@ -1,12 +1,13 @@
 """``make bench-straggler``: what a straggler's eviction gives a job. A benchmark (figures and a picture), not a test.
 
-    make bench-straggler                                    # IMAGE_NAME=... picks the image, as for cluster-up (~6 min)
-    PYTHONPATH=docker:. python -m bench.straggler --image ddp-cluster:cpu --throttle-s 40 --png docs/straggler.png
+    make bench-straggler                            # IMAGE_NAME=... picks the image, as for cluster-up (~11 min)
+    PYTHONPATH=docker:. python -m bench.straggler --image ddp-cluster:cpu --cpus 0.25 --png docs/straggler.png
 
 The compose cluster of 3 nodes x 1 rank (--min-nodes 2), digits at global batch 96 (16 x 3 ranks x accum 2; 2 ranks:
-accum 3), runs the same job three times: the 2-node job alone (the healthy rate of the nodes that remain), then 3
-nodes with worker-2 held to a quarter of its share of the machine (``docker update --cpus``) from step --at-step for
---throttle-s seconds, once without eviction (``--evict-factor 0``) and once with the spec's default policy. From
+accum 3), runs the same job: the 2-node job alone (the healthy rate of the nodes that remain), then for each --cpus (by
+default 0.17, a quarter of its share of a 2-core machine, and 0.25) 3 nodes with worker-2 held to that many CPUs
+(``docker update --cpus``) from step --at-step for --throttle-s seconds, once without eviction (``--evict-factor
+0``) and once with the spec's default policy. From
 each run's exchanges of step times (metrics.jsonl's ``ranks`` records: samples/s every 4 steps) and records: the
 mean samples/s while throttled, how soon after the throttle the job, resumed without the node, is back at 90 % of
 the 2-node rate (its first exchange that is), how soon
@@ -39,8 +40,8 @@ def train_args(epochs: int, accum: int) -> list[str]:
     ]  # fmt: skip
 
 
-def run(image: str, nodes: int, epochs: int, throttle: tuple[int, float] | None, *policy: str) -> dict:
-    """One job; with ``throttle`` (step, seconds) worker-2 is held to a quarter of its share from that step on."""
+def run(image: str, nodes: int, epochs: int, throttle: tuple[int, float, float] | None, *policy: str) -> dict:
+    """One job; with ``throttle`` (step, seconds, CPUs) worker-2 is held to that many CPUs from that step on."""
     job = FaultRun(f"ddps-{uuid.uuid4().hex[:8]}", Path(tempfile.mkdtemp(prefix="bench-straggler-")), image)
     hooks = ["--fault-at-step", str(throttle[0]), "--fault-rank", "2"] if throttle else []
     accum = 2 if nodes == 3 else 3
@@ -50,10 +51,9 @@ def run(image: str, nodes: int, epochs: int, throttle: tuple[int, float] | None,
         if throttle:
             job.marker(proc)
             worker = f"{job.project}-worker-2"
-            share = CFS_PERIOD_US * (os.cpu_count() or 1) // nodes  # its share of the machine
             container = job.engine.containers.get(worker)
-            container.update(cpu_period=CFS_PERIOD_US, cpu_quota=share // 4)
-            marks["throttle"] = time.time()
+            container.update(cpu_period=CFS_PERIOD_US, cpu_quota=round(CFS_PERIOD_US * throttle[2]))
+            marks["throttle"], marks["cpus"] = time.time(), throttle[2]
             deadline = time.monotonic() + throttle[1]
             while time.monotonic() < deadline and proc.poll() is None:
                 time.sleep(0.5)
@@ -92,6 +92,7 @@ def figures(healthy: dict, without: dict, evicting: dict) -> dict:
     returned = next((at - lifted for at in evicting["returned_at"] if at >= lifted), None)
     false = len(healthy["evicted_at"]) + sum(e < r["marks"]["throttle"] for r in (evicting,) for e in r["evicted_at"])
     return {
+        "cpus": evicting["marks"]["cpus"],
         "two_node_samples_per_s": round(two_node),
         "throttled_mean_without_eviction": round(throttled_mean(without)),
         "throttled_mean_with_eviction": round(throttled_mean(evicting)),
@@ -103,29 +104,42 @@ def figures(healthy: dict, without: dict, evicting: dict) -> dict:
     }
 
 
-def picture(without: dict, evicting: dict, path: Path) -> None:
+def picture(cases: list[tuple[dict, dict]], path: Path) -> None:
+    """Samples/s over time of each throttle's two runs (without and with eviction), a panel each."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    for r, label in ((without, "no eviction (--evict-factor 0)"), (evicting, "eviction (the default policy)")):
-        t0 = r["marks"]["throttle"]
-        ax.plot([at - t0 for at, _ in r["rates"]], [rate for _, rate in r["rates"]], label=label, lw=1.2)
-    lift = evicting["marks"]["lift"] - evicting["marks"]["throttle"]
-    ax.axvspan(0, lift, color="grey", alpha=0.15, label="worker-2 at a quarter of its share")
-    for at in evicting["evicted_at"]:
-        ax.axvline(at - evicting["marks"]["throttle"], color="red", ls="--", lw=1, label="evicted")
-    for at in evicting["returned_at"]:
-        ax.axvline(at - evicting["marks"]["throttle"], color="green", ls="--", lw=1, label="back (3 ranks)")
-    ax.set_xlabel("seconds from the throttle")
-    ax.set_ylabel("samples/s (every 4 steps)")
-    ax.set_title("3 nodes x 1 rank, digits, global batch 96: a straggler evicted and taken back")
-    ax.legend(fontsize=8, loc="lower right")
+    fig, axes = plt.subplots(len(cases), 1, figsize=(9, 4 * len(cases)), squeeze=False)
+    for ax, (without, evicting) in zip(axes[:, 0], cases, strict=True):
+        for r, label in ((without, "no eviction (--evict-factor 0)"), (evicting, "eviction (the default policy)")):
+            t0 = r["marks"]["throttle"]
+            ax.plot([at - t0 for at, _ in r["rates"]], [rate for _, rate in r["rates"]], label=label, lw=1.2)
+        lift = evicting["marks"]["lift"] - evicting["marks"]["throttle"]
+        ax.axvspan(0, lift, color="grey", alpha=0.15, label=f"worker-2 at --cpus {evicting['marks']['cpus']:g}")
+        for at in evicting["evicted_at"]:
+            ax.axvline(at - evicting["marks"]["throttle"], color="red", ls="--", lw=1, label="evicted")
+        for at in evicting["returned_at"]:
+            ax.axvline(at - evicting["marks"]["throttle"], color="green", ls="--", lw=1, label="back (3 ranks)")
+        ax.set_xlabel("seconds from the throttle")
+        ax.set_ylabel("samples/s (every 4 steps)")
+        ax.set_title(f"3 nodes x 1 rank, digits, global batch 96: worker-2 at --cpus {evicting['marks']['cpus']:g}")
+        ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
+
+
+def _cpus(text: str) -> float:
+    """A --cpus value: a positive number of CPUs, as docker update --cpus takes it."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of CPUs, e.g. 0.25")
+    return value
 
 
 def main() -> int:
@@ -134,20 +148,26 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=600, help="digits epochs of each run (default 600)")
     parser.add_argument("--at-step", type=int, default=200, help="the step the throttle starts at (default 200)")
     parser.add_argument("--throttle-s", type=float, default=40, help="seconds the throttle lasts (default 40)")
+    parser.add_argument("--cpus", type=_cpus, nargs="+", default=[0.17, 0.25],
+                        help="CPUs worker-2 is held to, one pair of runs each (default 0.17 0.25)")  # fmt: skip
     parser.add_argument("--png", type=Path, default=Path("build/bench-straggler.png"))
     parser.add_argument("--json", type=Path, default=Path("build/bench-straggler.json"))
     args = parser.parse_args()
     healthy = run(args.image, 2, args.epochs, None)
     print(f"2 nodes: {statistics.median(r for _, r in healthy['rates'][2:]):.0f} samples/s", flush=True)
-    throttle = (args.at_step, args.throttle_s)
-    without = run(args.image, 3, args.epochs, throttle, "--evict-factor", "0")
-    evicting = run(args.image, 3, args.epochs, throttle)
-    found = figures(healthy, without, evicting)
-    for key, value in found.items():
-        print(f"{key}: {value}")
-    picture(without, evicting, args.png)
+    cases, found = [], []
+    for cpus in args.cpus:
+        throttle = (args.at_step, args.throttle_s, cpus)
+        without = run(args.image, 3, args.epochs, throttle, "--evict-factor", "0")
+        evicting = run(args.image, 3, args.epochs, throttle)
+        cases.append((without, evicting))
+        found.append(figures(healthy, without, evicting))
+        for key, value in found[-1].items():
+            print(f"--cpus {cpus:g}: {key}: {value}", flush=True)
+    picture(cases, args.png)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"figures": found, "runs": [healthy, without, evicting]}, indent=1) + "\n")
+    runs = [healthy, *(r for case in cases for r in case)]
+    args.json.write_text(json.dumps({"figures": found, "runs": runs}, indent=1) + "\n")
     print(f"picture: {args.png}; runs: {args.json}")
     return 0
 
