@@ -304,11 +304,8 @@ first failure: local rank 1, exit 1
 def test_torch_output_in_any_wording_goes_to_the_log_and_changes_nothing_the_runner_concludes(
     run, monkeypatch, capsys, output
 ):
-    class Logs:  # compose logs, as read: every node's lines, then nothing
-        stdout = iter(f"head-1  | 2026-11-22T11:25:09.000Z {line}\n" for line in output.splitlines())
-
-    monkeypatch.setattr(streams.subprocess, "Popen", lambda *_, **__: Logs())
-    monkeypatch.setattr(streams, "_end", lambda _: None)
+    said = {"demo-head-1": [f"2026-11-22T11:25:09.000Z {line}" for line in output.splitlines()]}
+    monkeypatch.setattr(engine, "lines", lambda name, *_, **__: iter(said.get(name, [])))  # the engine's log stream
     stop = threading.Event()
     stop.set()
     streams.follow(run, stop, 0.0)
@@ -581,18 +578,27 @@ def test_cluster_logs_prints_each_event_after_the_nodes_output(tmp_path):
 # --- the command's log (logs/cluster.log): every node named alike, plain text, no empty lines
 
 
-def test_the_log_names_every_node_by_its_container_and_holds_plain_lines_only(run, capsys):
-    """compose logs prefixes a node by its service (``head-1``) or its container (``demo-worker-1``); the log names
-    each as docker ps does, without terminal escape codes, and a line with nothing to say is not written (issue 25:
-    ``head-1:`` beside ``ddp-cluster-worker-1:``, 60 ``\\x1b[K``, 24 bare ``: `` lines)."""
-    for service, rest in [
-        ("head-1", "2026-11-22T12:15:03.1Z train: epoch 1/2\x1b[K"),
-        ("demo-worker-1", "2026-11-22T12:15:03.2Z \x1b[31mW1122 a warning\x1b[0m"),
-        ("", ""),  # a blank line of compose logs
-        ("head-1", "2026-11-22T12:15:03.3Z \x1b[K"),
-    ]:
-        streams._log_line(run, service, rest)
-    assert run.log_file.read_text() == "demo-head-1: train: epoch 1/2\ndemo-worker-1: W1122 a warning\n"
+def test_the_log_names_every_node_by_its_container_and_holds_plain_lines_only(run, monkeypatch, capsys):
+    """Each node's output is read from its container and named by it, without terminal escape codes, and a line with
+    nothing to say is not written (issue 25: ``head-1:`` beside ``ddp-cluster-worker-1:``, 60 ``\\x1b[K``, 24 bare
+    ``: `` lines); a line read again when a stream starts again is written once."""
+    said = {
+        "demo-head-1": ["2026-11-22T12:15:03.1Z train: epoch 1/2\x1b[K", "2026-11-22T12:15:03.3Z \x1b[K"],
+        "demo-worker-1": ["2026-11-22T12:15:03.2Z \x1b[31mW1122 a warning\x1b[0m", "2026-11-22T12:15:03.4Z "],
+    }
+    asked: list[tuple[str, bool]] = []
+
+    def lines(name: str, since: float, stop, follow: bool, stderr: bool = False):
+        asked.append((name, stderr))
+        if follow:
+            stop.set()  # the job ends while it is followed: one last pass reads it all again
+        return iter(said.get(name, []))
+
+    monkeypatch.setattr(engine, "lines", lines)
+    streams.follow(run, threading.Event(), 0.0)
+    logged = sorted(run.log_file.read_text().splitlines())
+    assert logged == ["demo-head-1: train: epoch 1/2", "demo-worker-1: W1122 a warning"], logged
+    assert {name for name, _ in asked} == {"demo-head-1", "demo-worker-1"} and all(err for _, err in asked)
     run.log("compose up: exit 0: \x1b[1mContainer demo-head-1\x1b[0m  Started\x1b[K\n\n")
     assert run.log_file.read_text().splitlines()[-1] == "compose up: exit 0: Container demo-head-1  Started"
 
@@ -613,17 +619,26 @@ def test_a_missing_sdk_or_engine_is_one_line_that_names_the_fix(monkeypatch):
         engine.project_objects("demo")
 
 
-def test_a_reader_that_follows_ends_with_the_job_and_so_does_what_its_command_started():
-    """``docker compose`` runs compose as a plugin process of its own, which holds the pipe: killing the CLI alone
-    left the reader blocked for a minute after the job had ended."""
+def test_a_stream_that_follows_ends_with_the_job():
+    """A container's log stream blocks until its next line; once the job is over the reader closes it (a blocked
+    read then ends), so that no reader outlives the job."""
+    closed = threading.Event()
+
+    class Stream:  # the SDK's log stream: one line, then nothing until it is closed
+        def __iter__(self):
+            yield b"2026-11-28T10:00:00.1Z first\n"
+            closed.wait(60)
+
+        def close(self) -> None:
+            closed.set()
+
     stop = threading.Event()
-    script = "echo first; sleep 300 & sleep 300"  # a child that keeps the pipe open, as the compose plugin does
-    lines = streams._lines(stop, ["sh", "-c", script], follow=True)
-    assert next(lines) == "first\n"
+    lines = engine._split(engine._closed_by(stop, Stream()))
+    assert next(lines) == "2026-11-28T10:00:00.1Z first"
     threading.Timer(0.5, stop.set).start()
     start = time.monotonic()
     assert list(lines) == []
-    assert time.monotonic() - start < 60  # bounded: without the session's kill, the reader waits out the sleep
+    assert closed.is_set() and time.monotonic() - start < 30  # without the close, the read waits out its 60 s
 
 
 def test_each_gate_verdict_of_the_streamed_head_is_one_line_the_runners_naming_the_node(run, monkeypatch, capsys):
