@@ -50,7 +50,7 @@ import torch
 
 from app import contract, events, flags
 from app.atomic import atomic_write_text
-from app.diagnostics import doctor, health
+from app.diagnostics import doctor, health, peers
 from app.diagnostics.gate_config import GateConfig
 from app.errors import ClusterError, UsageError, first_line
 from app.runtime import launcher
@@ -267,18 +267,42 @@ class Judged:
     figures: list[health.DeviceHealth]
     transfer: str = ""
     """What the transfer to the rendezvous host took (empty: none was made)."""
+    against: list[health.DeviceHealth] | None = None
+    """The job's figures as its peers are now (``peers.scaled``), when they answered; None: as recorded."""
+    paced: str = ""
+    """How: ``x 0.31, the best pace of its 2 peers now`` (empty: as recorded)."""
+    paces: tuple[dict, ...] = ()
+    """Its peers' answers (``peers.ask``), kept in its gate event."""
 
 
 def judge(
-    cfg: GateConfig, mine: Node, where: Rendezvous | None, start: list[health.DeviceHealth], rejoining: bool = False
+    cfg: GateConfig,
+    mine: Node,
+    where: Rendezvous | None,
+    start: list[health.DeviceHealth],
+    rejoining: bool = False,
+    expected: int = 0,
 ) -> Judged:
+    """The doctor's checks and the transfer, then this node's devices against the job's figures ``start``: measured
+    twice when the first falls short; still short, against ``start`` as the job's running nodes are now (their best
+    pace, ``peers.ask``: ``expected`` of them at most)."""
     why, moved = checks(cfg, mine, where, rejoining)
     if why is not None:
         return Judged(why, [])
     figures = measure(cfg.device_seconds, cfg.records)
     if shortfall(figures, start, cfg.fail_below) is not None:  # measured once more before it counts
         figures = best(figures, measure(cfg.device_seconds, cfg.records))
-    return Judged(shortfall(figures, start, cfg.fail_below), figures, moved)
+    why = shortfall(figures, start, cfg.fail_below)
+    if why is None or where is None:
+        return Judged(why, figures, moved)
+    wait_s = cfg.device_seconds * len(figures) + 2 * peers.POLL_S  # their measurement, and their next look
+    paces = peers.ask(where[:2], mine.host, cfg.timeout_s, wait_s, expected)
+    if not paces:
+        return Judged(why, figures, moved)
+    against, factor = peers.scaled(start, paces)
+    paced = f"x {factor:.2g}, the best pace of its {len(paces)} peer(s) now"
+    why = shortfall(figures, against, cfg.fail_below)
+    return Judged(f"{why}; the job's figures {paced}" if why else None, figures, moved, against, paced, tuple(paces))
 
 
 def check_of(why: str) -> str:
@@ -293,15 +317,22 @@ def passed(judged: Judged, start: list[health.DeviceHealth], took: str) -> str:
 
 def gate_event(verdict: str, detail: str, figures: list[health.DeviceHealth], **fields: object) -> None:
     """The gate's record in the job's events: its verdict, its line's figures, and each device's ``device``,
-    ``flops`` (FLOP/s) and ``copy_gbps``."""
+    ``flops`` (FLOP/s) and ``copy_gbps``; ``paces``: its peers' answers, where they were asked."""
     measured = [{"device": d.device, "flops": d.flops, "copy_gbps": d.copy_gbps} for d in figures]
     events.write(events.GATE, verdict=verdict, detail=detail, figures=measured, **fields)
 
 
+def asked(judged: Judged) -> dict:
+    """The peers' answers of a judgment, for its gate event (none asked: nothing)."""
+    return {"paces": list(judged.paces)} if judged.paces else {}
+
+
 def judged_figures(judged: Judged, start: list[health.DeviceHealth]) -> str:
-    """``cpu 35.0 GFLOP/s, 3.1 GB/s copy against the job's cpu 36.2 GFLOP/s, 3.0 GB/s copy`` (and the transfer)."""
+    """``cpu 35.0 GFLOP/s, 3.1 GB/s copy against the job's cpu 36.2 GFLOP/s, 3.0 GB/s copy`` (as its peers are now:
+    ``... against the job's cpu 11.2 GFLOP/s, ... (x 0.31, the best pace of its 2 peers now)``), and the transfer."""
     moved = f"; {judged.transfer}" if judged.transfer else ""
-    return f"{describe(judged.figures)} against the job's {describe(start)}{moved}"
+    paced = f" ({judged.paced})" if judged.paced else ""
+    return f"{describe(judged.figures)} against the job's {describe(judged.against or start)}{paced}{moved}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -316,10 +347,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def admit(cfg: GateConfig, where: Rendezvous | None, rejoining: bool = False) -> None:
-    """Record this node's figures at its first start, or judge it against the job's: return once it passed;
-    kept out, a ClusterError (status KEPT_OUT), or with ``cfg.retry_every`` judged again until it passes.
-    ``rejoining``: after its eviction from the running job (``checks``)."""
+def admit(
+    cfg: GateConfig, where: Rendezvous | None, rejoining: bool = False, expected: int = 0
+) -> list[health.DeviceHealth]:
+    """Record this node's figures at its first start, or judge it against the job's: return once it passed, with
+    the figures it measured (what its peers' asks are answered against: ``peers.answer``); kept out, a ClusterError
+    (status KEPT_OUT), or with ``cfg.retry_every`` judged again until it passes. ``rejoining``: after its eviction
+    from the running job (``checks``); ``expected``: how many running nodes may answer its ask (``judge``)."""
     mine = launcher.this_node()  # (no rank before torchrun: Ansible's env file holds WORLD_SIZE alone)
     began = time.monotonic()
     path = cfg.records / f"{mine.host}.json"
@@ -328,27 +362,28 @@ def admit(cfg: GateConfig, where: Rendezvous | None, rejoining: bool = False) ->
         figures = measure(cfg.device_seconds, cfg.records)
         print(record(path, mine.host, figures), flush=True)
         gate_event(events.RECORDED, describe(figures), figures)
-        return
+        return figures
     start = job_figures(start, read_records(cfg.records))
-    judged = judge(cfg, mine, where, start, rejoining)
+    judged = judge(cfg, mine, where, start, rejoining, expected)
     if judged.why is None:
         print(passed(judged, start, f"in {time.monotonic() - began:.1f} s"), flush=True)
-        gate_event(events.PASSED, judged_figures(judged, start), judged.figures)
-        return
+        gate_event(events.PASSED, judged_figures(judged, start), judged.figures, **asked(judged))
+        return judged.figures
     if not cfg.retry_every:
         raise ClusterError(f"{mine.host} kept out: {judged.why}", KEPT_OUT)
     kept_line, still_line, _ = events.GATE_LINES_SAID_AGAIN
     print(f"{kept_line}{judged.why}; tried again every {cfg.retry_every:g} s", flush=True)
-    gate_event(events.KEPT_OUT, judged.why, judged.figures, retry_every=cfg.retry_every)
+    gate_event(events.KEPT_OUT, judged.why, judged.figures, retry_every=cfg.retry_every, **asked(judged))
     kept, said = time.monotonic(), check_of(judged.why)
     while judged.why is not None:
         time.sleep(cfg.retry_every)
         start = job_figures(read_record(path) or start, read_records(cfg.records))  # the records as they are now
-        judged = judge(cfg, mine, where, start, rejoining)
+        judged = judge(cfg, mine, where, start, rejoining, expected)
         if judged.why is not None and check_of(judged.why) != said:  # kept out now by another check: say which
             said = check_of(judged.why)
             print(f"{still_line}{judged.why}", flush=True)
-            gate_event(events.KEPT_OUT, judged.why, judged.figures, retry_every=cfg.retry_every)
+            gate_event(events.KEPT_OUT, judged.why, judged.figures, retry_every=cfg.retry_every, **asked(judged))
     waited = round(time.monotonic() - kept)
     print(passed(judged, start, f"after {waited} s kept out"), flush=True)
-    gate_event(events.PASSED_AFTER, judged_figures(judged, start), judged.figures, waited=waited)
+    gate_event(events.PASSED_AFTER, judged_figures(judged, start), judged.figures, waited=waited, **asked(judged))
+    return judged.figures

@@ -29,6 +29,7 @@ said their lines) or the rendezvous failed (one line), 2 bad input, 3 kept out b
 
 import argparse
 import contextlib
+import functools
 import io
 import os
 import runpy
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     if not words:
         raise UsageError("no job given: python -m app node -- TORCHRUN_ARGS -m app check (see --help)")
     server = agent.start_forkserver(PRELOAD) if node.fork else None  # first: it imports while this process does
-    from app.diagnostics import gate  # torch
+    from app.diagnostics import gate, peers  # torch
 
     torch_elastic.refuse_unproven()
     parsed = agent.parse(words)
@@ -115,7 +116,11 @@ def run(args: argparse.Namespace) -> int:
     launch = agent.prepare(parsed, rank_main, server, policy)  # (torch here read its threads already)
     host, port, serves = gate.rendezvous_of(parsed)
     where = (host, port, serves) if port else None  # port 0 (--standalone): nothing to reach
-    gate.admit(gate_cfg, where)
+    peers_at_most = torch_elastic.nnodes_range(parsed.nnodes)[1] - 1
+    baseline = gate.admit(gate_cfg, where, expected=peers_at_most)
+    if where:  # the gate of a node that (re)joins asks the running ones how they measure now
+        measure_now = functools.partial(gate.measure, gate_cfg.device_seconds)
+        peers.answer((host, port), launcher.this_node().host, baseline, measure_now, gate_cfg.timeout_s)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
@@ -132,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
             wait = evict.backoff(time.time(), returned_at, wait)
             print(evicted(wait, gate_cfg.retry_every), flush=True)
             time.sleep(max(wait, gate_cfg.retry_every))  # the others start their round without it first
-            gate.admit(gate_cfg, where, rejoining=True)  # kept out while slow (exit 3 without --retry-every)
+            gate.admit(gate_cfg, where, rejoining=True, expected=peers_at_most)  # kept out while slow (exit 3 ...)
             returned_at = time.time()
             print("node: rejoins the job at its next rendezvous round", flush=True)
             launch = agent.prepare(parsed, rank_main, server, policy)

@@ -5,16 +5,18 @@ tests and the benchmarks with the gate flags QUICK.
 
     set_figures(Path("/tmp/x/gate"), KEEP_OUT)   # every node's next judgment keeps it out
     set_figures(Path("/tmp/x/gate"), LET_IN)     # ... lets it in
-    python -c "$(source_of_set_figures)" /results/gate 1e18   # the same inside a container (SET_FIGURES)
+    python -c "$(source_of_set_figures)" /results/gate 1e30   # the same inside a container (SET_FIGURES)
 """
 
 import inspect
 
 from app import contract
 
-KEEP_OUT, LET_IN = 1e18, 1.0
-"""Figures (FLOP/s, and GB/s copy alike) that keep every node out (no device reaches an exaFLOP/s) and that let
-every node in (any device does one FLOP/s), whatever the machine's load."""
+KEEP_OUT, LET_IN = 1e30, 1.0
+"""Figures (FLOP/s, and GB/s copy alike) that keep every node out and that let every node in (any device does one
+FLOP/s), whatever the machine's load: a gate whose node falls short sets the job's figures against its peers' pace
+now (app/diagnostics/peers.py: at most 1, a few hundredths at the least on a loaded machine), and a millionth
+(FAIL_BELOW) of KEEP_OUT times any such pace is still far beyond any device."""
 
 
 GATE_SECONDS = 0.2
@@ -25,7 +27,7 @@ measurement is; the noise tests (make test-noise) keep the default (``MEASURED``
 FAIL_BELOW = 1e-6
 """The gate's fraction in the container tests (the spec's nodes.gate_fail_below): a node that measures a millionth of
 the best figure recorded at the job's start passes, whatever the load when each node measured, and KEEP_OUT still
-keeps every node out (a millionth of it is 1e12 FLOP/s). Every gate verdict of make test is then the test's figures'."""
+keeps every node out (a millionth of it is 1e24 FLOP/s). Every gate verdict of make test is then the test's figures'."""
 QUICK = ("--gate-seconds", f"{GATE_SECONDS:g}", "--gate-fail-below", f"{FAIL_BELOW:g}")
 """``app cluster up``'s gate flags in the container tests and the benchmarks (a test's own, given after them, win)."""
 QUICK_MAKE = (f"GATE_SECONDS={GATE_SECONDS:g}", f"GATE_FAIL_BELOW={FAIL_BELOW:g}")
