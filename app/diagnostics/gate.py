@@ -300,6 +300,8 @@ def judge(
     if not paces:
         return Judged(why, figures, moved)
     against, factor = peers.scaled(start, paces)
+    if factor >= 1:  # its peers measure now what they did at their start: the bar stands
+        return Judged(why, figures, moved, paces=tuple(paces))
     paced = f"x {factor:.2g}, the best pace of its {len(paces)} peer(s) now"
     why = shortfall(figures, against, cfg.fail_below)
     return Judged(f"{why}; the job's figures {paced}" if why else None, figures, moved, against, paced, tuple(paces))
