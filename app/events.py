@@ -39,7 +39,7 @@ attempt's last step; None: unknown)."""
 GATE = "gate"
 """A node's health gate: ``verdict`` (RECORDED, KEPT_OUT, PASSED_AFTER or PASSED), ``detail`` (its figures, as its
 line says them) and ``figures`` (per device: ``device``, ``flops`` in FLOP/s, ``copy_gbps``); ``paces``, where its
-running peers were asked how they measure now (app/diagnostics/peers.py): each one's ``host`` and ``pace``."""
+running peers were asked how they measure now (app/diagnostics/peers.py): each one's ``host`` and ``figures``."""
 EXCHANGE = "ranks"
 """Rank 0 at each exchange of step times (every --exchange-every steps), as metrics.jsonl's ``ranks`` record:
 ``step``, ``step_ms``, ``hosts``, ``busy_ms`` and ``stall_ms`` (per rank: app/train/stalls.py), ``slowest_rank``,

@@ -21,7 +21,9 @@ The image's node entrypoint (docker/bin/ddp-node) runs it on every node before t
                  host's name, the rendezvous port answers within --timeout; app/diagnostics/doctor.py),
                  1 MiB to the rendezvous host and back through its store within --timeout (its link
                  works end to end, where the other nodes run), then its devices measured again (twice
-                 when the first falls short: each figure's better one counts); a figure below
+                 when the first falls short: each figure's better one counts); still short, the job's
+                 figures set against what its running peers measure now (app/diagnostics/peers.py: asked
+                 through the rendezvous store; a machine loaded since the start lowers the bar); a figure below
                  --fail-below x the job's, or a failed check, keeps the node out with one line:
                  ``gate: kept out: device check 4.1 GFLOP/s against the job's 36.2 (fail below 0.5)``
 
@@ -268,11 +270,11 @@ class Judged:
     transfer: str = ""
     """What the transfer to the rendezvous host took (empty: none was made)."""
     against: list[health.DeviceHealth] | None = None
-    """The job's figures as its peers are now (``peers.scaled``), when they answered; None: as recorded."""
+    """The job's figures as its peers are now (``peers.scaled``), when they lowered them; None: as recorded."""
     paced: str = ""
-    """How: ``x 0.31, the best pace of its 2 peers now`` (empty: as recorded)."""
+    """How: ``x 0.46: the best of its 2 running peer(s) now`` (empty: as recorded)."""
     paces: tuple[dict, ...] = ()
-    """Its peers' answers (``peers.ask``), kept in its gate event."""
+    """Its peers' answers (``peers.ask``), kept in its gate event (``paces``)."""
 
 
 def judge(
@@ -284,8 +286,8 @@ def judge(
     expected: int = 0,
 ) -> Judged:
     """The doctor's checks and the transfer, then this node's devices against the job's figures ``start``: measured
-    twice when the first falls short; still short, against ``start`` as the job's running nodes are now (their best
-    pace, ``peers.ask``: ``expected`` of them at most)."""
+    twice when the first falls short; still short, against ``start`` as the job's running nodes are now (the best
+    they answer, ``peers.ask``: ``expected`` of them at most)."""
     why, moved = checks(cfg, mine, where, rejoining)
     if why is not None:
         return Judged(why, [])
@@ -296,15 +298,15 @@ def judge(
     if why is None or where is None:
         return Judged(why, figures, moved)
     wait_s = cfg.device_seconds * len(figures) + 2 * peers.POLL_S  # their measurement, and their next look
-    paces = peers.ask(where[:2], mine.host, cfg.timeout_s, wait_s, expected)
-    if not paces:
+    answers = peers.ask(where[:2], mine.host, cfg.timeout_s, wait_s, expected)
+    if not answers:
         return Judged(why, figures, moved)
-    against, factor = peers.scaled(start, paces)
-    if factor >= 1:  # its peers measure now what they did at their start: the bar stands
-        return Judged(why, figures, moved, paces=tuple(paces))
-    paced = f"x {factor:.2g}, the best pace of its {len(paces)} peer(s) now"
+    against, lowered = peers.scaled(start, answers)
+    if lowered >= 1:  # its peers measure the job's figures or more now: the bar stands
+        return Judged(why, figures, moved, paces=tuple(answers))
+    paced = f"x {lowered:.2g}: the best of its {len(answers)} running peer(s) now"
     why = shortfall(figures, against, cfg.fail_below)
-    return Judged(f"{why}; the job's figures {paced}" if why else None, figures, moved, against, paced, tuple(paces))
+    return Judged(f"{why}; the job's figures {paced}" if why else None, figures, moved, against, paced, tuple(answers))
 
 
 def check_of(why: str) -> str:
@@ -331,7 +333,8 @@ def asked(judged: Judged) -> dict:
 
 def judged_figures(judged: Judged, start: list[health.DeviceHealth]) -> str:
     """``cpu 35.0 GFLOP/s, 3.1 GB/s copy against the job's cpu 36.2 GFLOP/s, 3.0 GB/s copy`` (as its peers are now:
-    ``... against the job's cpu 11.2 GFLOP/s, ... (x 0.31, the best pace of its 2 peers now)``), and the transfer."""
+    ``... against the job's cpu 46.0 GFLOP/s, ... (x 0.46: the best of its 2 running peer(s) now)``), and the
+    transfer."""
     moved = f"; {judged.transfer}" if judged.transfer else ""
     paced = f" ({judged.paced})" if judged.paced else ""
     return f"{describe(judged.figures)} against the job's {describe(judged.against or start)}{paced}{moved}"

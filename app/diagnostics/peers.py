@@ -1,17 +1,18 @@
 """A node's peers as they are now: a node at its health gate asks the job's running nodes, through the rendezvous
-store that its gate already reaches, to measure their devices; each answers its pace, what it measures now over what
-it measured at its own start, and the gate sets the job's figures against the best pace of its peers (never above
-1: app/diagnostics/gate.py). A machine loaded since the job's start (the figures recorded then) lowers the bar for
-a healthy node that comes back to it; a node held at a tenth of a core is still kept out, for its peers, loaded
-alike and training, still do several times what it does. No peer answers (every node at its gate, a store that
-serves no running job): the job's figures as recorded.
+store that its gate already reaches, to measure their devices; each answers what it measures now, in the units of
+its record (its record now x what it measures now over what it measured at its own start: the same as what it
+measures now, unless its record was rewritten since), and the gate sets the job's figures against the best answer,
+device by device and metric by metric, where that is lower (app/diagnostics/gate.py). A machine loaded since the
+job's start (the figures recorded then) lowers the bar for a healthy node that comes back to it; a node held at a
+tenth of a core is still kept out, for its peers, loaded alike and training, still do several times what it does.
+No peer answers (every node at its gate, a store that serves no running job): the job's figures as recorded.
 
-    peers.answer(where, host, baseline, measure, timeout_s)            # app node, once its gate let it in: a thread
-    paces = peers.ask(where, host, timeout_s, wait_s, expected)         # app gate, when its figures fall short
+    peers.answer(where, host, baseline, measure, record, timeout_s)    # app node, once its gate let it in: a thread
+    answers = peers.ask(where, host, timeout_s, wait_s, expected)       # app gate, when its figures fall short
 
 The store's keys (each job's rendezvous store, so one job's): ``ddp-cluster/gate/asks`` counts the asks; ask N's
 ``ddp-cluster/gate/ask/N`` names it (``host@ns``); its answers are counted in ``.../answers/<ask>`` and each is
-``.../answer/<ask>/<K>``, a JSON ``{"host", "pace": {device: {metric: ratio}}}``.
+``.../answer/<ask>/<K>``, a JSON ``{"host", "figures": {device: {metric: value}}}``.
 """
 
 import json
@@ -45,35 +46,45 @@ def _answer_key(ask: str, number: int) -> str:
     return f"ddp-cluster/gate/answer/{ask}/{number}"
 
 
-def pace(now: list[health.DeviceHealth], baseline: list[health.DeviceHealth]) -> dict[str, dict[str, float]]:
-    """Each device's figures now over its figures at this node's start, metric by metric (a device not measured
-    then: left out)."""
-    then = {d.device: d for d in baseline}
+def now(
+    measured: list[health.DeviceHealth], baseline: list[health.DeviceHealth], record: list[health.DeviceHealth] | None
+) -> dict[str, dict[str, float]]:
+    """A running node's answer: each device's figures now (``measured``) in the units of its ``record`` as it is
+    now (record x measured / ``baseline``, its figures at its start; no record: as measured). A device not measured
+    at its start is left out."""
+    then, kept = {d.device: d for d in baseline}, {d.device: d for d in record or baseline}
     return {
-        d.device: {m: getattr(d, m) / getattr(then[d.device], m) for m in health.METRICS if getattr(then[d.device], m)}
-        for d in now
+        d.device: {
+            m: getattr(d, m) * getattr(kept.get(d.device, then[d.device]), m) / getattr(then[d.device], m)
+            for m in health.METRICS
+            if getattr(then[d.device], m)
+        }
+        for d in measured
         if d.device in then
     }
 
 
-def scaled(start: list[health.DeviceHealth], paces: list[dict]) -> tuple[list[health.DeviceHealth], float]:
-    """The job's figures ``start`` as its peers are now: each device's each metric times the best pace that a peer
-    answered for it, at most 1 (a peer faster than at its start does not raise the bar); and the lowest factor
-    applied, for the line."""
+def scaled(start: list[health.DeviceHealth], answers: list[dict]) -> tuple[list[health.DeviceHealth], float]:
+    """The job's figures ``start`` as its peers are now: each device's each metric lowered to the best that a peer
+    answered for it (a peer faster than the job's figures does not raise the bar); and the lowest ratio of the
+    figures so lowered to the recorded ones, for the line."""
     kept, lowest = [], 1.0
     for device in start:
-        factors = {}
+        lowered = {}
         for metric in health.METRICS:
-            answered = [p["pace"][device.device][metric] for p in paces if metric in p["pace"].get(device.device, {})]
-            factors[metric] = min(1.0, max(answered)) if answered else 1.0
-            lowest = min(lowest, factors[metric])
-        kept.append(replace(device, **{m: getattr(device, m) * f for m, f in factors.items()}))
+            told = [
+                a["figures"][device.device][metric] for a in answers if metric in a["figures"].get(device.device, {})
+            ]
+            recorded = getattr(device, metric)
+            lowered[metric] = min(recorded, max(told)) if told else recorded
+            lowest = min(lowest, lowered[metric] / recorded) if recorded else lowest
+        kept.append(replace(device, **lowered))
     return kept, lowest
 
 
 def ask(where: tuple[str, int], host: str, timeout_s: float, wait_s: float, expected: int = 0) -> list[dict]:
-    """The paces of the job's running nodes, asked through the store at ``where`` (host, port): every answer given
-    within ``wait_s`` (all ``expected`` of them: at once); none when the store does not answer."""
+    """The answers of the job's running nodes (``now``), asked through the store at ``where`` (host, port): every
+    answer given within ``wait_s`` (all ``expected`` of them: at once); none when the store does not answer."""
     try:
         store = store_client(*where, timeout_s)
         ask_id = f"{host}@{time.time_ns()}"
@@ -96,10 +107,12 @@ def answer(
     host: str,
     baseline: list[health.DeviceHealth],
     measure: Callable[[], list[health.DeviceHealth]],
+    record: Callable[[], list[health.DeviceHealth] | None],
     timeout_s: float,
 ) -> threading.Thread:
-    """Answer, from a thread of its own, every ask of another node's gate made from now on: ``measure()`` now, over
-    ``baseline`` (this node's figures at its start). A store that goes away is reached again at the next look."""
+    """Answer, from a thread of its own, every ask of another node's gate made from now on (``now``: ``measure()``
+    against ``baseline``, this node's figures at its start, in the units of ``record()``, its record as it is then).
+    A store that goes away is reached again a little later."""
 
     def loop() -> None:
         store, seen = None, None
@@ -111,7 +124,7 @@ def answer(
                 for number in range(seen + 1, count + 1):
                     ask_id = store.get(_ask_key(number)).decode()
                     if ask_id.partition("@")[0] != host:
-                        found = json.dumps({"host": host, "pace": pace(measure(), baseline)})
+                        found = json.dumps({"host": host, "figures": now(measure(), baseline, record())})
                         store.set(_answer_key(ask_id, store.add(_count_key(ask_id), 1)), found)
                 seen = count
             except STORE_ERRORS:  # gone (a restarting store): reached again a little later, its count afresh

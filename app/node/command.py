@@ -119,8 +119,10 @@ def run(args: argparse.Namespace) -> int:
     peers_at_most = torch_elastic.nnodes_range(parsed.nnodes)[1] - 1
     baseline = gate.admit(gate_cfg, where, expected=peers_at_most)
     if where:  # the gate of a node that (re)joins asks the running ones how they measure now
+        mine = launcher.this_node().host
         measure_now = functools.partial(gate.measure, gate_cfg.device_seconds)
-        peers.answer((host, port), launcher.this_node().host, baseline, measure_now, gate_cfg.timeout_s)
+        record = functools.partial(gate.read_record, gate_cfg.records / f"{mine}.json")
+        peers.answer((host, port), mine, baseline, measure_now, record, gate_cfg.timeout_s)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError

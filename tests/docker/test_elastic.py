@@ -179,7 +179,7 @@ def test_a_worker_kept_out_by_its_gate_rejoins_once_it_passes_and_the_world_grow
 
     assert re.fullmatch(
         rf"device check [\d.]+ GFLOP/s against the job's [\d.]+ \(fail below {FAIL_BELOW:g}\)(; the "
-        r"job's figures x [\d.]+, the best pace of its 1 peer\(s\) now)?",
+        r"job's figures x [\d.e-]+: the best of its 1 running peer\(s\) now)?",
         kept_out["detail"],
     ), kept_out
     bar = float(kept_out["detail"].split("against the job's ")[1].split()[0])  # GFLOP/s, its peers' pace taken
