@@ -14,9 +14,9 @@ from app import contract
 
 KEEP_OUT, LET_IN = 1e30, 1.0
 """Figures (FLOP/s, and GB/s copy alike) that keep every node out and that let every node in (any device does one
-FLOP/s), whatever the machine's load: a gate whose node falls short sets the job's figures against its peers' pace
-now (app/diagnostics/peers.py: at most 1, a few hundredths at the least on a loaded machine), and a millionth
-(FAIL_BELOW) of KEEP_OUT times any such pace is still far beyond any device."""
+FLOP/s), whatever the machine's load. A gate whose node falls short lowers the job's figures to what its running peers
+measure now, each in the units of its record (app/diagnostics/peers.py): a peer whose record a test set to KEEP_OUT
+answers a few hundredths of it at the least, and a millionth (FAIL_BELOW) of that is still far beyond any device."""
 
 
 GATE_SECONDS = 0.2
