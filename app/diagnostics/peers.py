@@ -109,14 +109,17 @@ def answer(
     measure: Callable[[], list[health.DeviceHealth]],
     record: Callable[[], list[health.DeviceHealth] | None],
     timeout_s: float,
+    stop: threading.Event | None = None,
 ) -> threading.Thread:
     """Answer, from a thread of its own, every ask of another node's gate made from now on (``now``: ``measure()``
     against ``baseline``, this node's figures at its start, in the units of ``record()``, its record as it is then).
-    A store that goes away is reached again a little later."""
+    A store that goes away is reached again a little later. It answers until ``stop`` is set (None: for as long
+    as this process lives)."""
+    stop = stop or threading.Event()
 
     def loop() -> None:
         store, seen = None, None
-        while True:
+        while not stop.is_set():
             try:
                 store = store or store_client(*where, timeout_s)
                 count = store.add(ASKS, 0)
@@ -129,8 +132,8 @@ def answer(
                 seen = count
             except STORE_ERRORS:  # gone (a restarting store): reached again a little later, its count afresh
                 store, seen = None, None
-                time.sleep(RECONNECT_S)
-            time.sleep(POLL_S)
+                stop.wait(RECONNECT_S)
+            stop.wait(POLL_S)
 
     thread = threading.Thread(target=loop, name="gate-peers", daemon=True)
     thread.start()

@@ -1,6 +1,7 @@
 """app/diagnostics/peers.py: a node at its gate asks the running nodes, through a real TCPStore (as c10d's
 rendezvous store), how they measure now; the job's figures are lowered to the best they answer."""
 
+import threading
 import time
 
 import pytest
@@ -12,6 +13,16 @@ from app.diagnostics.health import DeviceHealth
 
 def cpu(flops: float, copy: float = 3.0) -> DeviceHealth:
     return DeviceHealth("cpu", "float32", 256, flops, 1 << 20, copy, 1.0)
+
+
+@pytest.fixture(autouse=True)
+def answering(monkeypatch):
+    """Every answering thread a test starts ends with the test."""
+    stop = threading.Event()
+    started = peers.answer
+    monkeypatch.setattr(peers, "answer", lambda *args: started(*args, stop=stop))
+    yield
+    stop.set()
 
 
 @pytest.fixture
