@@ -51,13 +51,13 @@ RESIZE = "resize"
 """The run resumed on another number of ranks, as metrics.jsonl's record: ``from``, ``to``, ``step``,
 ``global_batch``, ..."""
 EVICTED = "evicted"
-"""A straggler left the running job, taken out by the compose runner (``app/orchestrate/job.py``) or, where app node
-evicts (``--evict-factor``), said by rank 0 at the exchange that decided it: ``evicted`` (its node), ``factor`` (its
-ranks' busy time over the others' share of its work without it, the median of its window), ``exchanges`` (at the
-factor or more, of the ``window`` exchanges it was judged over), ``window_s`` (from the window's first exchange to
-its last) and, where its waits for a CPU decided (``factor`` then counts them beside its busy time), ``slower`` (the
-job's step over its best), then the runner's ``backoff_s`` (how long it waits before its gate judges it again) or
-rank 0's ``step``."""
+"""A straggler left the running job, said by rank 0 at the exchange of step times whose verdict it was (every rank
+reaches it alike: app/evict.py, the policy its node agent got from ``--evict-factor``): ``evicted`` (its node),
+``step``, and the verdict whole (``evict.Eviction.fields``): ``factor`` (its ranks' time per step over the others'
+share of its work without it, the median of its window), ``exchanges`` (at the factor or more, of the ``window``
+exchanges it was judged over), ``window_s`` (from the window's first exchange to its last), ``share``, ``least`` (the
+policy's factor), ``nodes_left``, ``ranks_left``, ``global_batch``, ``accum_left``, and ``slower`` (the job's step
+over its best, where its waits for a CPU decided; else 0)."""
 TRAINING_FACTS = (EXCHANGE, CHECKPOINT, RESIZE)
 """Records of rank 0's metrics.jsonl that are also the job's events (``app cluster status`` reads them)."""
 

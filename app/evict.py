@@ -169,11 +169,31 @@ class Watch:
     who: str = "cluster"
     """Who says its lines: the cluster runner, or each node's ranks (``train``)."""
     members: tuple[str, ...] = ()
-    """The hosts of the last exchange, one per rank: the job whose steps ``steps`` and ``best`` are."""
+    """The hosts of the last exchange, one per rank: the job whose steps ``steps`` are."""
     steps: list[float] = field(default_factory=list)
     """The job's step time (ms) at its last ``window`` exchanges."""
-    best: float = 0.0
-    """The lowest median of ``window`` step times in a row since these hosts began (0: none yet)."""
+    bests: dict[tuple[str, ...], float] = field(default_factory=dict)
+    """The job's best pace on each set of nodes (their sorted hosts, one per rank): the lowest median of ``window``
+    step times in a row on them, in this process or recalled (``recall``, an exchange's ``best_ms``)."""
+
+    @property
+    def best(self) -> float:
+        """The job's best pace on the nodes of the last exchange (0: none known yet)."""
+        return self.bests.get(tuple(sorted(self.members)), 0.0)
+
+    def best_for(self, hosts: list[str]) -> float:
+        """The job's best pace on the nodes of ``hosts`` (one per rank) known here (0: none)."""
+        return self.bests.get(tuple(sorted(hosts)), 0.0)
+
+    def recall(self, records: list[dict]) -> None:
+        """Learn the job's best paces from its earlier exchanges (rank 0's metrics.jsonl ``ranks`` records: the rounds
+        before this process), judging nothing: a node that comes back still slow is set against the pace the job
+        had on the same nodes before."""
+        for record in records:
+            if record.get("hosts"):
+                self._members(record["hosts"])
+                self._paced(_step_ms(record))
+        self.members, self.steps = (), []
 
     @property
     def window(self) -> int:
@@ -191,8 +211,10 @@ class Watch:
         by_node: dict[str, list[int]] = {}
         for rank, host in enumerate(hosts):
             by_node.setdefault(host, []).append(rank)
-        if tuple(hosts) != self.members:  # another job: its pace is judged afresh
-            self.members, self.steps, self.best = tuple(hosts), [], 0.0
+        self._members(hosts)
+        if record.get("best_ms"):  # the best pace rank 0 recalled for these nodes (its earlier rounds)
+            key = tuple(sorted(hosts))
+            self.bests[key] = min(self.bests.get(key) or record["best_ms"], record["best_ms"])
         if len(by_node) <= self.min_nodes or min(busy) <= 0:
             self.seen.clear()
             return None
@@ -228,14 +250,19 @@ class Watch:
             )
         return eviction
 
+    def _members(self, hosts: list[str]) -> None:
+        """Another set of ranks: the window of step times starts afresh (each set keeps its best)."""
+        if tuple(hosts) != self.members:
+            self.members, self.steps = tuple(hosts), []
+
     def _paced(self, step_ms: float) -> None:
         """The job's step time at this exchange joins its window (none known: nothing)."""
         if step_ms <= 0:
             return
         self.steps = [*self.steps, step_ms][-self.window :]
         if len(self.steps) == self.window:
-            now = statistics.median(self.steps)
-            self.best = min(self.best, now) if self.best else now
+            now, key = statistics.median(self.steps), tuple(sorted(self.members))
+            self.bests[key] = min(self.bests.get(key) or now, now)
 
     def _verdict(self, node: str, ranks: int, its_ranks: int) -> tuple[float, int, float] | None:
         """(factor, exchanges at the factor or more, the job's step over its best or 0) when ``node`` is due: the

@@ -64,6 +64,21 @@ def resolve_resume(out: Path, resume: str) -> Path | None:
     return chosen
 
 
+def newest_that_loads(out: Path) -> tuple[Path, dict, list[str]] | None:
+    """``--resume auto``: the newest checkpoint in ``out`` that loads, its state, and one line for each newer one
+    that does not (torn by a crash, a disk that filled), which is skipped; None when there is none at all."""
+    skipped = []
+    for path in reversed(existing(out)):
+        try:
+            return path, load(path), skipped
+        except UsageError as error:
+            skipped.append(f"train: skipped {error}".split(": move it away")[0] + "; the one before it is taken")
+    if skipped:
+        raise UsageError(f"no checkpoint in {directory(out)} loads ({skipped[0].removeprefix('train: skipped ')}); "
+                         "move them away or choose another --out")  # fmt: skip
+    return None
+
+
 def ensure_writable(out: Path) -> None:
     """Create ``out``/checkpoints and prove a file can be written there (UsageError if not)."""
     try:
@@ -121,8 +136,8 @@ def load(path: Path) -> dict:
     except Exception as error:  # torch raises many types for a truncated or foreign file
         reason = clip(first_line(error).split(". ")[0], 160)
         raise UsageError(
-            f"checkpoint {path} is unreadable ({reason}): move it away (--resume auto then "
-            "takes the one before it) or choose another --out"
+            f"checkpoint {path} is unreadable ({reason}): move it away (--resume auto skips it and takes the one "
+            "before it) or choose another --out"
         ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise UsageError(

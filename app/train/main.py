@@ -57,7 +57,12 @@ def _resume_state(cfg: TrainConfig, identity: dict) -> tuple[tuple[dict, str] | 
     latest = None
     if path is not None:
         checkpoint.ensure_space(out, path)
-        state = checkpoint.load(path)
+        if cfg.output.resume == "auto" and (found := checkpoint.newest_that_loads(out)):
+            path, state, skipped = found
+            for line in skipped:  # a newer one torn: said, and skipped
+                print(line, flush=True)
+        else:
+            state = checkpoint.load(path)
         checkpoint.check_identity(path, state, identity)
         latest = (state, str(path))
     if cfg.output.resume == "auto":  # the state the survivors of a failed collective kept, when newer

@@ -6,6 +6,7 @@ is tqdm's, drawn only when stdout is a terminal: a log file or a pipe gets the l
 no carriage returns or escape codes.
 """
 
+import contextlib
 import json
 import sys
 import time
@@ -26,6 +27,21 @@ if TYPE_CHECKING:
 
 LOSS_INTERVAL_S = 0.5
 """How often the bar reads the loss (reading it waits for the device)."""
+
+
+def exchanges(out: Path) -> list[dict]:
+    """The exchanges of step times in ``out``/metrics.jsonl (its ``ranks`` records, in order): none when it is
+    missing or a line does not read."""
+    try:
+        lines = (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            if (record := json.loads(line)).get("event") == "ranks":
+                found.append(record)
+    return found
 
 
 class EpochBar:

@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from app import progress
 from app.errors import UsageError, first_line
 from app.runtime.distributed import DistContext
-from app.train import auto, checkpoint, comm_hooks, flops, graphs, models, snapshot, sync, watch
+from app.train import auto, checkpoint, comm_hooks, flops, graphs, models, report, snapshot, sync, watch
 from app.train import precision as amp
 from app.train.config import TrainConfig
 from app.train.data import Dataset
@@ -249,6 +249,8 @@ class Trainer:
         self.previous: progress.Resumed | None = None
         """Where this run started again after an earlier attempt, and what that attempt had done (``resume``)."""
         self.watch = watch.Watch(cfg.health, ctx, self.model)
+        if ctx.proc.is_main:  # the job's earlier rounds: its best pace on each set of nodes (app/evict.py)
+            self.watch.recall(report.exchanges(cfg.output.out))
         self.progress: progress.Recorder | None = None
         """Records each step reached (app train gives rank 0 one for OUT/progress)."""
         self.stop: Stop | None = None

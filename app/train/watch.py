@@ -216,6 +216,9 @@ class Watch:
         self._namer = StragglerNamer()
         self._pace = ctx.proc.eviction.watch() if ctx.proc.eviction else None
         """app node's straggler policy, run on every rank alike (each has the whole table): ``pace``."""
+        self._recalled = 0.0
+        """The job's best pace on these nodes before this round, as rank 0 recalled it (``recall``), told to every
+        rank with the last exchange."""
         self.left: evict.Eviction | None = None
         """Another node evicted at an exchange: its ranks are gone at the next collective (``pace``)."""
         self.clock = frozen.Clock()
@@ -261,7 +264,8 @@ class Watch:
         since its last checkpoint (the same on every rank)."""
         w = self.window
         seconds = time.perf_counter() - w.start - w.idle
-        times = [w.steps, seconds, w.data, w.wait, since_checkpoint, self.stall.since_last()]
+        recalled = self._pace.best_for(self.hosts) if self._pace and self.rank == 0 else 0.0  # rank 0's, for all
+        times = [w.steps, seconds, w.data, w.wait, since_checkpoint, self.stall.since_last(), recalled]
         mine = torch.tensor(times, dtype=torch.float64, device=self.ctx.device)  # NCCL reduces GPU tensors only
         self.doing = (EXCHANGE, step)
         if self.world > 1:
@@ -272,10 +276,17 @@ class Watch:
         self.exchanged_at = step
         self.window = Window(time.perf_counter())  # (the stall's count restarted with its read above)
         table = torch.stack(rows).tolist()  # one read of the device
-        record, line = analyse(table, self.hosts, step, self.cfg.straggler_percent)
+        record, line = analyse([row[:6] for row in table], self.hosts, step, self.cfg.straggler_percent)
         if not self._namer.name(record["slowest_rank"] if line else None):
             line = None
+        self._recalled = table[0][6]
         return record, line, float(table[0][4])
+
+    def recall(self, records: list[dict]) -> None:
+        """Rank 0: the job's earlier exchanges (its metrics.jsonl), from which the straggler policy learns the job's
+        best pace on each set of nodes; every rank gets rank 0's with each exchange (``best_ms``)."""
+        if self._pace is not None:
+            self._pace.recall(records)
 
     def pace(self, record: dict) -> None:
         """Apply app node's straggler policy to an exchange's record (with the job's world size, global batch and
@@ -283,7 +294,7 @@ class Watch:
         rank 0 writes it to the job's events; rank 0 says once why a straggler cannot be evicted."""
         if self._pace is None:
             return
-        found = self._pace.feed(record | {"time": time.time()})
+        found = self._pace.feed(record | {"time": time.time(), "best_ms": self._recalled})
         if isinstance(found, str):
             if self.rank == 0:
                 print(found, flush=True)

@@ -94,6 +94,24 @@ def test_waits_for_a_cpu_evict_only_while_the_jobs_step_is_longer_than_the_other
     assert [resized.feed(stalled(at, [1.0, 1.0, 30.0], 35.0)) for at in range(5, 20)] == [None] * 15
 
 
+def test_a_node_back_still_slow_is_set_against_the_pace_the_job_had_on_the_same_nodes_before() -> None:
+    """A new round's ranks start a new Watch: rank 0 recalls the job's earlier exchanges (its metrics.jsonl) and
+    tells every rank its best pace on these nodes (``best_ms``); a node whose waits cost the job from the round's
+    first exchange is then evicted as it would have been before it left. Without that memory it is not."""
+    before = [stalled(at, [1.0, 1.0, 1.0], 20.0) for at in range(5)]  # the 3 nodes' pace: 20 ms a step
+    two = [exchange(at, [10.0, 10.0], (A, B)) | {"step_ms": 15.0} for at in range(5, 10)]  # it was out meanwhile
+    rank0 = evict.Watch(factor=2.0, after=3, min_nodes=2)
+    rank0.recall([*before, *two])
+    assert rank0.best_for([C, A, B]) == 20.0 and rank0.best_for([A, B]) == 15.0 and rank0.members == ()
+    back = [stalled(at, [1.0, 1.0, 30.0], 35.0) for at in range(10, 20)]  # back, its waits still there
+    other = evict.Watch(factor=2.0, after=3, min_nodes=2)  # another rank: rank 0's best comes with each exchange
+    said = [other.feed(record | {"best_ms": rank0.best_for(record["hosts"])}) for record in back]
+    found = next(v for v in said if v is not None)
+    assert isinstance(found, evict.Eviction) and found.node == C and found.slower == 1.75, said
+    forgetful = evict.Watch(factor=2.0, after=3, min_nodes=2)
+    assert [forgetful.feed(record) for record in back] == [None] * len(back)
+
+
 def test_nothing_is_evicted_at_min_nodes_or_with_the_policy_off() -> None:
     at_min = evict.Watch(factor=3.0, after=1, min_nodes=3)
     assert at_min.feed(exchange(0, [10, 10, 90])) is None

@@ -95,3 +95,21 @@ def test_written_files_get_the_mode_a_plain_open_gives(tmp_path) -> None:
     plain.write_text("x")
     written = atomic_write_text(tmp_path / "summary.json", "{}")
     assert written.stat().st_mode & 0o777 == plain.stat().st_mode & 0o777
+
+
+def test_resume_auto_skips_a_newest_checkpoint_that_does_not_load_with_one_line_and_takes_the_one_before(tmp_path):
+    for step in (10, 20, 30):
+        checkpoint.save(tmp_path, _state(step), step, keep=5)
+    newest = checkpoint.path_for(tmp_path, 30)
+    newest.write_bytes(newest.read_bytes()[:100])  # torn: a crash, a disk that filled
+    path, state, skipped = checkpoint.newest_that_loads(tmp_path)
+    assert (path, state["step"]) == (checkpoint.path_for(tmp_path, 20), 20)
+    [line] = skipped
+    assert line.startswith(f"train: skipped checkpoint {newest} is unreadable (") and line.endswith(
+        "; the one before it is taken"
+    ), line
+    for step in (10, 20):
+        checkpoint.path_for(tmp_path, step).write_bytes(b"not a checkpoint")
+    with pytest.raises(UsageError, match=r"^no checkpoint in .* loads \(checkpoint .*step-00000030.pt is unreadable"):
+        checkpoint.newest_that_loads(tmp_path)
+    assert checkpoint.newest_that_loads(tmp_path / "fresh") is None

@@ -161,7 +161,7 @@ def test_app_nodes_policy_sends_the_slow_nodes_ranks_away_and_the_others_remembe
         watch = object.__new__(Watch)
         watch.rank, watch.left = number, None
         watch.ctx = SimpleNamespace(proc=SimpleNamespace(host=host))
-        watch._pace = evict.Policy(3.0, 1, 2).watch()
+        watch._pace, watch._recalled = evict.Policy(3.0, 1, 2).watch(), 0.0
         return watch
 
     slow = {"step": 20, "hosts": ["a", "b", "c"], "busy_ms": [10.0, 11.0, 90.0], "world_size": 3,
