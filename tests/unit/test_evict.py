@@ -192,7 +192,16 @@ XFAIL_SLOW = {
     "worker-at-0.25-cpu-from-13-loaded-1.jsonl": QUARTER,
     "worker-at-0.25-cpu-from-14-loaded-3.jsonl": QUARTER,
 }
-"""Slow recordings the rule does not evict though the throttle cost the job more than a third (``PAYS``)."""
+"""Recordings the rule gets wrong: a slow one it does not evict though the throttle cost the job more than a third
+(``PAYS``), or one where it evicts a healthy node."""
+BURST = (
+    "issue 36 item 8, open: beside make test (load 5.6-11.9) the healthy head, slowed by the load, read busy 5-15 ms a "
+    "step against the workers' 2 at exchanges 12-18, before the throttle (the job's step 20 ms against its 12: 40 % "
+    "of its rate for those 7 exchanges, about 3 s), and the rule evicts it at exchange 17 (2.53x), and again at 54; "
+    "a burst that an eviction's round costs more than it saves, which a persistence in seconds would wait out "
+    "(golden/evict/README.md)"
+)
+XFAIL_SLOW |= {"worker-at-0.25-cpu-from-41-maketest-1.jsonl": BURST}
 EVICTED_AT = {
     "worker-at-0.1-cpu-from-11-loaded-1.jsonl": (28, 2.2),
     "worker-at-0.1-cpu-from-10-loaded-2.jsonl": (32, 2.7),
