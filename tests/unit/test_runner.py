@@ -636,9 +636,8 @@ def test_a_stream_that_follows_ends_with_the_job():
     lines = engine._split(engine._closed_by(stop, Stream()))
     assert next(lines) == "2026-11-28T10:00:00.1Z first"
     threading.Timer(0.5, stop.set).start()
-    start = time.monotonic()
     assert list(lines) == []
-    assert closed.is_set() and time.monotonic() - start < 30  # without the close, the read waits out its 60 s
+    assert closed.is_set()  # the reader closed it (without, the read ends by itself after 60 s, still open)
 
 
 def test_each_gate_verdict_of_the_streamed_head_is_one_line_the_runners_naming_the_node(run, monkeypatch, capsys):
