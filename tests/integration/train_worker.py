@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from app import flags
+from app import cli, flags
 from app.errors import Stopped
 from app.runtime.distributed import DistConfig
 from app.train.main import add_arguments, config_from_args, train
@@ -109,4 +109,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        status = main(sys.argv[1:])
+    finally:  # as python -m app does: a gloo group left to the interpreter's shutdown may abort the rank (SIGABRT)
+        cli.release_process_groups()
+    sys.exit(status)
