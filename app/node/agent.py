@@ -164,6 +164,14 @@ DROPPED = (
 limit (a container starved on a loaded machine) while its ranks went on. torch's agent would go on training in a
 round the others no longer count it in, and the next node to join would open a round of its own: two jobs, one
 checkpoint. The node regroups at once instead (``events.REGROUP``), as for a node that waits to join."""
+PREDECESSOR_MISSED = 2
+"""Heartbeats that the node of the job's round at this node's address must have missed for a new agent here to take
+its place (``torch_elastic.take_over``): two, as a live agent writes one every interval."""
+TOOK_OVER = (
+    "node: this node's agent before this one (rendezvous node {node}) stopped its heartbeats: this agent takes its "
+    "place, so that the next round does not wait until the rendezvous drops it"
+)
+"""The line of a node's new agent that took its predecessor's place (a container started again)."""
 SETTLE_S = 1.0
 """Seconds the agent waits after a rank's failure before it takes the attempt's failures (every rank's that ended)."""
 
@@ -200,6 +208,8 @@ def event_agent(evicting: bool = False) -> type:
         """The nodes of this agent's rendezvous round (torch's node descriptors), once it is complete."""
 
         def join(self, join_round: Callable[[], None], handler: Any) -> None:
+            if not self._met and (node := torch_elastic.take_over(handler, PREDECESSOR_MISSED)) is not None:
+                print(TOOK_OVER.format(node=node), flush=True)
             for tries_left in reversed(range(ROUND_TRIES)):
                 try:
                     with self._round_rule(handler):

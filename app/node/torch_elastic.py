@@ -56,6 +56,9 @@ PRIVATE = (
     Private(DYNAMIC, "DynamicRendezvousHandler._op_executor", on_instance=True),
     Private(DYNAMIC, "DynamicRendezvousHandler._stop_heartbeats", ("self",)),
     Private(DYNAMIC, "DynamicRendezvousHandler._get_deadline", ("self", "timeout")),
+    Private(DYNAMIC, "_BackendRendezvousStateHolder.sync", ("self",)),
+    Private(DYNAMIC, "_DistributedRendezvousOpExecutor._node", on_instance=True),
+    Private(DYNAMIC, "_NodeDesc.addr", on_instance=True),
     Private(DYNAMIC, "_DistributedRendezvousOpExecutor.run", ("self", "state_handler", "deadline")),
     Private(DYNAMIC, "_RendezvousExitOp", ()),
     Private(DYNAMIC, "_RendezvousJoinOp"),  # told apart from the executor's other operations
@@ -281,6 +284,41 @@ def complete_early(handler: Any, ready: Callable[[RoundRead], bool]) -> Iterator
             del executor.run
         else:
             executor.run = own
+
+
+def take_over(handler: Any, missed: int, poll_s: float = 0.2) -> Any | None:
+    """Make this new agent the node of the job's complete c10d round that had this node's address and whose heartbeats
+    stopped (``missed`` of them): its own agent before it, died with its container and started again (torch names a
+    node by address, pid and a counter, and a container's new agent may get another pid). torch's next round would
+    wait for that node until its heartbeats had been missed for as long as the rendezvous allows (10 s at the spec's
+    heartbeat); in its name, this agent's next round leaves the old round (torch's exit operation) and starts at once.
+    A node at this address whose heartbeat moves on meanwhile is alive (two agents given one address): left alone.
+    The node taken over, or None (no such node, another handler, or a store that does not answer: torch's join then
+    decides). Waits at most ``missed`` heartbeats, for a fresh one to age."""
+    holder, this, executor = (getattr(handler, name, None) for name in ("_state_holder", "_this_node", "_op_executor"))
+    if holder is None or this is None or executor is None:
+        return None
+    stale_after = handler._settings.keep_alive_interval * missed
+    deadline, first_seen = time.monotonic() + stale_after.total_seconds() + poll_s, None
+    while time.monotonic() <= deadline:
+        try:
+            holder.sync()
+        except Exception:  # a RendezvousError, a DistError: the store does not answer (yet)
+            return None
+        state = holder.state
+        beats = {n: state.last_heartbeats[n] for n in state.participants
+                 if n.addr == this.addr and n != this and n in state.last_heartbeats}  # fmt: skip
+        if not state.complete or not beats:
+            return None
+        node = max(beats, key=beats.__getitem__)  # the newest of them (one that died before it is dropped by torch)
+        if first_seen is not None and beats[node] != first_seen:
+            return None
+        if datetime.now(UTC) - beats[node] > stale_after:
+            handler._this_node = executor._node = node
+            return node
+        first_seen = beats[node]
+        time.sleep(poll_s)
+    return None
 
 
 def dropped(handler: Any) -> bool:

@@ -211,6 +211,8 @@ def test_the_node_of_rank_0_lost_its_survivors_keep_the_step_in_the_rendezvous_s
     assert lost and f"; rank 1 kept step 7 in {snapshot} [exit 1;" in lost[0], said["worker"][1][-3000:]
     assert "1 of 2 ranks answer in the rendezvous store (rank 0's is gone)" in lost[0], lost[0]
     assert f"train: resumed from step 7 (checkpoint {snapshot}), no steps lost" in said["head"][0], said["head"]
+    took_over = agent.TOOK_OVER.partition("{node}")[0] + head_address + "_"  # its new agent: a new pid, its place
+    assert took_over in said["head"][0], said["head"][0][-3000:]
     same_final_params(reference, out)
 
 

@@ -7,6 +7,7 @@ a torch that renames or re-signs one fails here, and app node refuses it in one 
 import operator
 import subprocess
 import sys
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -42,6 +43,8 @@ def real_ones() -> dict[str, object]:
         "DynamicRendezvousHandler": handler,
         "_RendezvousState": state,
         "_RendezvousContext": dynamic._RendezvousContext(handler._this_node, state, handler._settings),
+        "_DistributedRendezvousOpExecutor": handler._op_executor,
+        "_NodeDesc": handler._this_node,
     }
 
 
@@ -233,3 +236,63 @@ def test_a_regroup_round_on_real_handlers_completes_as_the_awaited_nodes_join_no
     assert state.complete and state.participants == {peer: 0, this: 1}, vars(state)  # ranks by address
     assert time.monotonic() - started < 10, "the round waited for its last call"
     assert "run" not in vars(mine._op_executor)
+
+
+def a_complete_round(store: object, beats: dict) -> None:
+    """Write a complete round of the nodes of ``beats`` (node -> its last heartbeat) into ``store``'s rendezvous."""
+    writer = elastic_handler(store, "writer")
+    writer._state_holder.sync()  # the state there now: a write must follow a read
+    state = writer._state_holder.state
+    state.participants, state.last_heartbeats = {node: rank for rank, node in enumerate(beats)}, dict(beats)
+    state.complete = True
+    writer._state_holder.mark_dirty()
+    assert writer._state_holder.sync() is True
+
+
+def test_a_new_agent_takes_the_place_of_the_dead_node_at_its_address_and_its_next_round_leaves_the_old_one() -> None:
+    """A node container killed and started again: its new agent has another pid, so torch names it another node,
+    and the job's round waits for the old one until its heartbeats have been missed for 10 s. The new agent takes
+    the old one's place instead; torch's exit operation, the first step of its next round, then takes it out."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
+
+    store, now = dist.HashStore(), datetime.now(UTC)
+    head, dead = dynamic._NodeDesc("head", 6, 0), dynamic._NodeDesc("worker", 7, 0)
+    a_complete_round(store, {head: now, dead: now - timedelta(seconds=11)})  # 2 heartbeats of 5 s missed
+    new = elastic_handler(store, "worker")
+    assert new._this_node != dead  # the control: torch's own name for the new agent
+    assert torch_elastic.take_over(new, agent.PREDECESSOR_MISSED) == dead
+    assert new._this_node == dead and new._op_executor._node == dead
+    torch_elastic.leave(new)
+    reader = elastic_handler(store, "reader")
+    reader._state_holder.sync()
+    assert set(reader._state_holder.state.participants) == {head}
+
+    elsewhere = dynamic._NodeDesc("worker-2", 7, 0)  # another address: not this node's predecessor
+    a_complete_round(store, {head: now, elsewhere: now - timedelta(seconds=11)})
+    assert torch_elastic.take_over(elastic_handler(store, "worker"), agent.PREDECESSOR_MISSED) is None
+
+
+def test_a_node_at_the_same_address_whose_heartbeat_moves_on_is_alive_and_left_alone() -> None:
+    """Two agents given one address (the integration tests' nodes share one): the new one waits for the other's
+    heartbeat to age, sees it move on instead, and stays itself. An open round is never taken over from."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
+
+    store, now = dist.HashStore(), datetime.now(UTC)
+    head, live = dynamic._NodeDesc("head", 6, 0), dynamic._NodeDesc("worker", 7, 0)
+    a_complete_round(store, {head: now, live: now})
+    new = elastic_handler(store, "worker")
+    own = new._this_node
+    beat = threading.Thread(target=a_complete_round, args=(store, {head: now, live: now + timedelta(seconds=1)}))
+    beat.start()  # its next heartbeat, written while the new agent watches (its wait: 2 of 5 s heartbeats)
+    assert torch_elastic.take_over(new, agent.PREDECESSOR_MISSED) is None
+    beat.join()
+    assert new._this_node == own and new._op_executor._node == own
+
+    open_round = elastic_handler(store, "writer")
+    open_round._state_holder.sync()
+    state = open_round._state_holder.state
+    state.participants, state.last_heartbeats = {live: 0}, {live: now - timedelta(seconds=60)}
+    state.complete = False
+    open_round._state_holder.mark_dirty()
+    assert open_round._state_holder.sync() is True
+    assert torch_elastic.take_over(elastic_handler(store, "worker"), agent.PREDECESSOR_MISSED) is None
