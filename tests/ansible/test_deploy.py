@@ -174,6 +174,35 @@ def test_second_run_changes_nothing(deployed: dict) -> None:
     assert "Job 'train' completed before" in " ".join(run.stdout.split())
 
 
+def test_a_job_started_afresh_says_what_it_deletes_and_one_run_again_resumes_from_its_checkpoints(
+    deployed: dict,
+) -> None:
+    """Running the play again never deletes a job's checkpoints unasked (it used to empty the job's results first:
+    a job whose head had died, deployed again, began at epoch 1). ``launch_fresh`` starts a job afresh and the play
+    names the newest step it deletes (here an earlier run's checkpoint); run again, the job resumes."""
+    head, folder = deployed["names"][0], deployed["runs"] / "resume"
+    earlier = "/var/lib/ddp-cluster/runs/resume/checkpoints/step-00000007.pt"
+    node_write(head, earlier, "an earlier run's checkpoint")
+
+    def launch(epochs: int, **flags: bool) -> tuple[str, dict, str]:
+        job = {"name": "resume", "command": f"train --epochs {epochs} --out /results --resume auto"}
+        extravars = with_spec(deployed["extravars"], job=job) | flags
+        run = run_playbook(DEPLOY, deployed["inventory"], extravars, tags="launch", timeout=600)
+        assert run.status == "successful", run.stdout[-4000:]
+        log = (folder / f"{head}.log").read_text()
+        said = " ".join(run.stdout.replace("''", "'").split())  # the YAML callback doubles a quoted message's quotes
+        return said, json.loads((folder / "summary.json").read_text()), log
+
+    text, first, log = launch(1, launch_fresh=True)
+    said = f"Job 'resume' starts afresh (launch_fresh=true): 1 checkpoint file(s) deleted on {head}, up to step 7."
+    assert said in text, text[-3000:]
+    kept = node_exec(head, "ls", str(PurePosixPath(earlier).parent))
+    assert "resumed from" not in log and "step-00000007.pt" not in kept, (kept, log[-3000:])
+    _, second, log = launch(2, launch_rerun=True)  # a completed job, run again with one more epoch
+    assert f"train: resumed from step {first['step']} " in log, log[-3000:]
+    assert second["step"] == 2 * first["step"], (first, second)
+
+
 def test_a_failing_job_fails_the_play_with_its_error(deployed: dict) -> None:
     extravars = with_spec(deployed["extravars"], job={"name": "bad", "command": "train --dataset nope"})
     run = run_playbook(DEPLOY, deployed["inventory"], extravars, tags="launch", timeout=600)
