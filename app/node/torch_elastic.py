@@ -305,15 +305,15 @@ def take_over(handler: Any, missed: int, poll_s: float = 0.2) -> Any | None:
             holder.sync()
         except Exception:  # a RendezvousError, a DistError: the store does not answer (yet)
             return None
-        state = holder.state
-        beats = {n: state.last_heartbeats[n] for n in state.participants
-                 if n.addr == this.addr and n != this and n in state.last_heartbeats}  # fmt: skip
-        if not state.complete or not beats:
+        read = _read(holder.state, handler._settings)
+        beats = {n: read.heartbeats[n] for n in read.participants
+                 if n.addr == this.addr and n != this and n in read.heartbeats}  # fmt: skip
+        if not holder.state.complete or not beats:
             return None
         node = max(beats, key=beats.__getitem__)  # the newest of them (one that died before it is dropped by torch)
         if first_seen is not None and beats[node] != first_seen:
             return None
-        if datetime.now(UTC) - beats[node] > stale_after:
+        if read.now - beats[node] > stale_after:
             handler._this_node = executor._node = node
             return node
         first_seen = beats[node]
