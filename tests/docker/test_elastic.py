@@ -120,7 +120,8 @@ GATE_TRAIN = [*TRAIN[: TRAIN.index("--epochs") + 1], str(GATE_EPOCHS), *TRAIN[TR
 GATE_HOOKS = [*HOOKS, "--sleep-rank", "0", "--sleep-ms", "1500", "--sleep-below-world", "4"]
 KEPT_OUT = re.compile(
     r"^cluster: node (?P<node>\S+) kept out: device check [\d.]+ (GFLOP/s|GB/s copy) against the job's [\d.]+ "
-    r"\(fail below [\d.e+-]+\); tried again every 10 s; the job goes on with the other nodes \(--min-nodes 1\)$",
+    r"\(fail below [\d.e+-]+\)(; the job's figures x [\d.e-]+: the best of its \d+ running peer\(s\) now)?; tried "
+    r"again every 10 s; the job goes on with the other nodes \(--min-nodes 1\)$",
     re.M,
 )
 
